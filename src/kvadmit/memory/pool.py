@@ -1,0 +1,110 @@
+"""Token-slot allocator (page aware) and the request-slot pool.
+
+The KV pool has `size` token slots grouped in pages of `page_size` slots. Slot ids are what the real
+executor indexes its KV tensors with; the scheduler only needs their count. A request grows its KV by
+first filling the unused slots of its last page, then taking whole new pages, as SGLang's paged allocator
+does, so a request always holds whole pages and `available_size()` is a multiple of the page size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+
+class OutOfSlots(RuntimeError):
+    """An allocation asked for more slots than are free (a scheduler bug: admission must prevent it)."""
+
+
+class TokenPool:
+    """Free pages kept as a stack; pages never handed out yet come from a counter (cheap to build)."""
+
+    __slots__ = ("_fresh", "_returned", "num_pages", "page_size", "size")
+
+    def __init__(self, size: int, page_size: int = 1) -> None:
+        if size <= 0 or page_size <= 0:
+            raise ValueError(f"pool size and page size must be positive, got {size} and {page_size}")
+        self.page_size = page_size
+        self.num_pages = size // page_size
+        self.size = self.num_pages * page_size
+        self._fresh = 0  # pages [_fresh, num_pages) were never allocated
+        self._returned: list[int] = []  # freed page ids, reused last-in first-out
+
+    def available_size(self) -> int:
+        """Free token slots (whole free pages × page size)."""
+        return (len(self._returned) + self.num_pages - self._fresh) * self.page_size
+
+    def _take_pages(self, n: int) -> list[int]:
+        if n > len(self._returned) + self.num_pages - self._fresh:
+            raise OutOfSlots(f"asked for {n} pages, {self.available_size() // self.page_size} free")
+        taken: list[int] = []
+        if self._returned:
+            k = min(n, len(self._returned))
+            taken = self._returned[-k:]
+            del self._returned[-k:]
+            n -= k
+        if n:
+            taken.extend(range(self._fresh, self._fresh + n))
+            self._fresh += n
+        return taken
+
+    def pages_needed(self, held: int, extra: int) -> int:
+        """New pages a request holding `held` slots needs to grow by `extra` tokens."""
+        p = self.page_size
+        room = (-held) % p  # unused slots left in its last page
+        return -(-max(extra - room, 0) // p)
+
+    def alloc_extend(self, held: Sequence[int], extra: int) -> list[int]:
+        """Slots for `extra` more tokens of a request that already holds `held` (in order)."""
+        if extra <= 0:
+            return []
+        p = self.page_size
+        if p == 1:
+            return self._take_pages(extra)
+        room = (-len(held)) % p
+        slots: list[int] = []
+        if room:
+            last = held[-1]
+            slots.extend(range(last + 1, last + 1 + min(room, extra)))
+        for page in self._take_pages(self.pages_needed(len(held), extra)):
+            slots.extend(range(page * p, page * p + p))
+        return slots[:extra]
+
+    def alloc_decode(self, count: int) -> list[int]:
+        """One slot each for `count` requests at page size 1 (the common decode case, one slice)."""
+        return self._take_pages(count)
+
+    def free(self, slots: Iterable[int]) -> None:
+        """Return the pages of these slots. With paging, pass every slot of a page you give up."""
+        if self.page_size == 1:
+            self._returned.extend(slots)
+            return
+        p = self.page_size
+        pages = sorted({s // p for s in slots})
+        self._returned.extend(pages)
+
+    def clear(self) -> None:
+        self._fresh = 0
+        self._returned = []
+
+
+class ReqSlotPool:
+    """Request slots (SGLang's req-to-token pool): one per running or chunked request."""
+
+    __slots__ = ("_used", "size")
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._used = 0
+
+    def available_size(self) -> int:
+        return self.size - self._used
+
+    def alloc(self, n: int = 1) -> None:
+        if n > self.size - self._used:
+            raise OutOfSlots(f"asked for {n} request slots, {self.size - self._used} free")
+        self._used += n
+
+    def free(self, n: int = 1) -> None:
+        if n > self._used:
+            raise ValueError(f"freeing {n} request slots but only {self._used} are in use")
+        self._used -= n

@@ -1,0 +1,258 @@
+"""Radix prefix cache over token ids, holding pool slots (SGLang's RadixCache semantics, reference §1.7).
+
+Contract, in short:
+* A node's `value` lists the pool slots of its `key` tokens. The cache owns those slots: they are freed
+  only by `evict` (or `reset`).
+* `evictable_size()` counts tokens in nodes nobody locks; `protected_size()` those locked. Locking a node
+  locks its whole path to the root (`inc_lock_ref` / `dec_lock_ref`).
+* Keys are matched a page at a time, so every match length is a multiple of `page_size`.
+* "Time" for LRU is a counter bumped by every match and insert, never a clock.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, NamedTuple
+
+from kvadmit.memory.pool import TokenPool
+
+if TYPE_CHECKING:
+    from kvadmit.request import Req
+
+
+@dataclass(slots=True, eq=False)
+class RadixNode:
+    key: list[int]
+    value: list[int]
+    parent: RadixNode | None
+    children: dict[object, RadixNode]
+    lock_ref: int = 0
+    last_access: int = 0
+
+
+class MatchResult(NamedTuple):
+    value: list[int]  # pool slots of the matched prefix
+    last_node: RadixNode  # deepest matched node (the root when nothing matched)
+
+
+def _common_len(a: list[int], b: list[int], page: int) -> int:
+    """Length of the common prefix of a and b, rounded down to a whole page."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n - n % page
+    i = 0
+    while a[i] == b[i]:
+        i += 1
+    return i - i % page
+
+
+class RadixCache:
+    """The prefix cache. Methods that take a Req update its kv / cached_len / last_node as noted."""
+
+    enabled = True
+
+    def __init__(self, pool: TokenPool, page_size: int = 1) -> None:
+        self.pool = pool
+        self.page_size = page_size
+        self._tick = 0
+        self.reset_tree()
+
+    # ----- structure -------------------------------------------------------------------------
+    def reset_tree(self) -> None:
+        self.root = RadixNode(key=[], value=[], parent=None, children={}, lock_ref=1)
+        self._evictable = 0
+        self._protected = 0
+
+    def reset(self) -> None:
+        """Drop every cached entry, freeing its slots (flush_cache). Locked entries must not exist."""
+        if self._protected:
+            raise RuntimeError("cannot flush the prefix cache while requests hold locked entries")
+        self.evict(self._evictable)
+        self.reset_tree()
+
+    def _child_key(self, key: list[int]) -> object:
+        return key[0] if self.page_size == 1 else tuple(key[: self.page_size])
+
+    def _split(self, child: RadixNode, at: int) -> RadixNode:
+        """Split `child` so that a new node holds its first `at` tokens; returns the new node."""
+        assert child.parent is not None
+        new = RadixNode(
+            key=child.key[:at],
+            value=child.value[:at],
+            parent=child.parent,
+            children={},
+            lock_ref=child.lock_ref,
+            last_access=child.last_access,
+        )
+        child.parent.children[self._child_key(new.key)] = new
+        child.key = child.key[at:]
+        child.value = child.value[at:]
+        child.parent = new
+        new.children[self._child_key(child.key)] = child
+        return new
+
+    # ----- queries ---------------------------------------------------------------------------
+    def evictable_size(self) -> int:
+        return self._evictable
+
+    def protected_size(self) -> int:
+        return self._protected
+
+    def match_prefix(self, key: list[int]) -> MatchResult:
+        """Longest cached prefix of `key` (page aligned). Splits a node the match ends inside."""
+        self._tick += 1
+        key = key[: len(key) - len(key) % self.page_size]
+        node = self.root
+        value: list[int] = []
+        while key:
+            child = node.children.get(self._child_key(key))
+            if child is None:
+                break
+            child.last_access = self._tick
+            n = _common_len(child.key, key, self.page_size)
+            if n == 0:
+                break
+            if n < len(child.key):
+                child = self._split(child, n)
+            value.extend(child.value)
+            node = child
+            key = key[n:]
+        return MatchResult(value, node)
+
+    # ----- updates ---------------------------------------------------------------------------
+    def insert(self, key: list[int], value: list[int]) -> int:
+        """Insert key → value; returns how many leading tokens were already cached (their slots in
+        `value` are now duplicates the caller must free). New tokens start unlocked (evictable)."""
+        self._tick += 1
+        node = self.root
+        done = 0
+        while key:
+            child = node.children.get(self._child_key(key))
+            if child is None:
+                break
+            child.last_access = self._tick
+            n = _common_len(child.key, key, self.page_size)
+            if n == 0:
+                break
+            if n < len(child.key):
+                child = self._split(child, n)
+            done += n
+            node = child
+            key = key[n:]
+            value = value[n:]
+        if key:
+            new = RadixNode(key=list(key), value=list(value), parent=node, children={})
+            new.last_access = self._tick
+            node.children[self._child_key(new.key)] = new
+            self._evictable += len(key)
+        return done
+
+    def inc_lock_ref(self, node: RadixNode) -> None:
+        while node is not self.root:
+            if node.lock_ref == 0:
+                self._evictable -= len(node.key)
+                self._protected += len(node.key)
+            node.lock_ref += 1
+            assert node.parent is not None
+            node = node.parent
+
+    def dec_lock_ref(self, node: RadixNode) -> None:
+        while node is not self.root:
+            if node.lock_ref == 1:
+                self._evictable += len(node.key)
+                self._protected -= len(node.key)
+            node.lock_ref -= 1
+            assert node.lock_ref >= 0, "radix lock released more often than taken"
+            assert node.parent is not None
+            node = node.parent
+
+    def evict(self, num_tokens: int) -> int:
+        """Evict least-recently-used unlocked leaves until at least `num_tokens` tokens are freed (or
+        nothing evictable is left). Whole leaves go: the count freed may exceed the request."""
+        if num_tokens <= 0 or self._evictable == 0:
+            return 0
+        heap: list[tuple[int, int, RadixNode]] = []
+        stack = [self.root]
+        while stack:
+            node = stack.pop()
+            if node.children:
+                stack.extend(node.children.values())
+            elif node.lock_ref == 0:
+                heap.append((node.last_access, id(node), node))
+        heapq.heapify(heap)
+        freed = 0
+        while freed < num_tokens and heap:
+            _, _, leaf = heapq.heappop(heap)
+            self.pool.free(leaf.value)
+            freed += len(leaf.key)
+            self._evictable -= len(leaf.key)
+            parent = leaf.parent
+            assert parent is not None
+            del parent.children[self._child_key(leaf.key)]
+            if parent is not self.root and not parent.children and parent.lock_ref == 0:
+                heapq.heappush(heap, (parent.last_access, id(parent), parent))
+        return freed
+
+    # ----- request hand-offs -----------------------------------------------------------------
+    def cache_unfinished_req(self, req: Req) -> None:
+        """After a prefill step: put the computed prompt (page aligned) in the cache and move the
+        request's lock to it; the request keeps owning its unaligned tail."""
+        kv_len = len(req.kv)
+        aligned = kv_len - kv_len % self.page_size
+        tokens = req.fill_ids()[:aligned]
+        already = self.insert(tokens, req.kv[:aligned])
+        # Slots [cached_len, already) computed tokens another request had cached meanwhile: drop ours.
+        if already > req.cached_len:
+            self.pool.free(req.kv[req.cached_len : already])
+        match = self.match_prefix(tokens)
+        req.kv[: len(match.value)] = match.value
+        if req.last_node is not None:
+            self.dec_lock_ref(req.last_node)
+        self.inc_lock_ref(match.last_node)
+        req.last_node = match.last_node
+        req.cached_len = len(match.value)
+
+    def cache_finished_req(self, req: Req) -> None:
+        """A request ended normally: cache its computed tokens (page aligned), free the rest, unlock."""
+        kv_len = len(req.kv)
+        aligned = kv_len - kv_len % self.page_size
+        tokens = req.fill_ids()[:aligned]
+        already = self.insert(tokens, req.kv[:aligned])
+        if already > req.cached_len:
+            self.pool.free(req.kv[req.cached_len : already])
+        if kv_len > aligned:
+            self.pool.free(req.kv[aligned:])
+        self._unlock(req)
+
+    def release_req(self, req: Req) -> None:
+        """Retraction or abort: free the request's own slots without caching them; its cached prefix
+        stays in the cache, unlocked (evictable)."""
+        if len(req.kv) > req.cached_len:
+            self.pool.free(req.kv[req.cached_len :])
+        self._unlock(req)
+
+    def _unlock(self, req: Req) -> None:
+        if req.last_node is not None:
+            self.dec_lock_ref(req.last_node)
+        req.last_node = None
+        req.kv = []
+        req.cached_len = 0
+
+
+class NoPrefixCache(RadixCache):
+    """`--disable-radix-cache` (SGLang's ChunkCache): nothing is shared, nothing is evictable."""
+
+    enabled = False
+
+    def match_prefix(self, key: list[int]) -> MatchResult:
+        return MatchResult([], self.root)
+
+    def insert(self, key: list[int], value: list[int]) -> int:
+        raise RuntimeError("the prefix cache is disabled")
+
+    def cache_unfinished_req(self, req: Req) -> None:
+        """The request keeps all its slots; a chunked prefill continues after them."""
+
+    def cache_finished_req(self, req: Req) -> None:
+        self.release_req(req)

@@ -1,0 +1,96 @@
+"""A request as the scheduler sees it: prompt, outputs so far, sampling limits and scheduling state."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kvadmit.memory.radix import RadixNode
+
+
+class FinishKind(str, Enum):
+    LENGTH = "length"  # reached max_new_tokens
+    STOP = "stop"  # EOS, a stop token id or a stop string
+    ABORT = "abort"  # aborted by the server (with a message)
+
+
+@dataclass(frozen=True, slots=True)
+class FinishReason:
+    kind: FinishKind
+    message: str = ""
+    status_code: int = 200
+    matched: int | str | None = None  # the stop token id or stop string that ended it
+
+
+@dataclass(slots=True)
+class SamplingLimits:
+    """The sampling parameters that scheduling depends on (the sampler reads the rest elsewhere)."""
+
+    max_new_tokens: int = 128
+    ignore_eos: bool = False
+    min_new_tokens: int = 0
+    stop_token_ids: frozenset[int] = frozenset()
+
+
+@dataclass(slots=True, eq=False)
+class Req:
+    """One request. Identity is the object (eq=False): two requests with equal fields are distinct.
+
+    KV layout: `kv` lists the pool slot of every token whose KV has been computed, in order. Its first
+    `cached_len` entries belong to the radix cache (locked through `last_node`); the rest are owned by
+    the request and freed or handed to the cache when it ends.
+    """
+
+    rid: str
+    origin_input_ids: list[int]
+    sampling: SamplingLimits = field(default_factory=SamplingLimits)
+    output_ids: list[int] = field(default_factory=list)
+    seq: int = 0  # arrival order, for fcfs ties and deterministic ordering
+
+    # Scheduling state (reset by reset_for_retract).
+    kv: list[int] = field(default_factory=list)
+    cached_len: int = 0  # leading kv slots owned by the prefix cache
+    last_node: RadixNode | None = None  # the cache node whose lock this request holds
+    prefix_len: int = 0  # tokens this round's prefill need not compute (cache match or earlier chunks)
+    match_node: RadixNode | None = None  # this pass's cache match (locked only if admitted)
+    match_slots: list[int] = field(default_factory=list)  # the matched prefix's slots
+    fill_len: int = 0  # tokens of prompt + outputs this round's prefill computes up to (chunk end)
+    extend_input_len: int = 0  # tokens computed by the current prefill (fill_len − prefix_len)
+    is_retracted: bool = False
+    retraction_count: int = 0
+    finished_reason: FinishReason | None = None
+    abort_requested: bool = False  # the client aborted it; it ends at its next result
+    stop_requested: int | str | None = None  # a stop string matched (set by the detokenizer side)
+
+    @property
+    def seqlen(self) -> int:
+        """Prompt plus outputs so far: what a (re-)prefill must cover."""
+        return len(self.origin_input_ids) + len(self.output_ids)
+
+    @property
+    def remaining_new_tokens(self) -> int:
+        """max_new_tokens − outputs so far (SGLang does not clamp this at 0 for running requests)."""
+        return self.sampling.max_new_tokens - len(self.output_ids)
+
+    @property
+    def finished(self) -> bool:
+        return self.finished_reason is not None
+
+    def fill_ids(self) -> list[int]:
+        """Prompt plus outputs: the token sequence whose KV a (re-)prefill computes."""
+        return self.origin_input_ids + self.output_ids
+
+    def reset_for_retract(self) -> None:
+        """Forget KV bookkeeping; outputs stay, so a later prefill covers prompt + outputs."""
+        self.kv = []
+        self.cached_len = 0
+        self.prefix_len = 0
+        self.last_node = None
+        self.match_node = None
+        self.match_slots = []
+        self.fill_len = 0
+        self.extend_input_len = 0
+        self.is_retracted = True
+        self.retraction_count += 1

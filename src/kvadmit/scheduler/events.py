@@ -1,0 +1,75 @@
+"""Typed events the scheduler emits. Observers (log lines, metrics, traces) turn them into output;
+the scheduler itself never formats text or reads a clock."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillBatchStats:
+    """One prefill batch, emitted when its result has been processed (SGLang's report_prefill_stats)."""
+
+    new_seq: int  # requests in the batch (a chunk continuation counts)
+    new_token: int  # tokens computed (raw extend lengths, chunk pieces included)
+    cached_token: int  # prefix tokens served from the cache (0 for chunk continuations)
+    num_used_tokens: int  # pool − (available + evictable), after the batch's allocation
+    token_usage: float  # num_used_tokens / pool size
+    running_req: int  # running batch size when the batch was formed (excludes the new batch)
+    queue_req: int  # waiting requests when the line is printed
+    pending_token: int  # Σ seqlen of waiting requests + the chunked request's tokens still to come
+    new_token_ratio: float  # the ratio admission used
+    hit_tokens_for_rate: int  # cached tokens of non-retracted requests (for sglang:cache_hit_rate)
+    input_tokens_for_rate: int
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeBatchStats:
+    """Every decode-log-interval decode batches (SGLang's report_decode_stats)."""
+
+    running_req: int  # the decode batch's size, including requests that finished in it
+    num_used_tokens: int
+    token_usage: float
+    queue_req: int
+    generated_tokens: int  # tokens generated since the previous decode line (for gen throughput)
+
+
+@dataclass(frozen=True, slots=True)
+class Retraction:
+    """Requests were retracted before a decode step (or forced to be, under SGLANG_TEST_RETRACT)."""
+
+    rids: tuple[str, ...]
+    new_tokens_gained: int
+    old_ratio: float
+    new_ratio: float
+    forced: bool  # True: "Testing retraction." (SGLANG_TEST_RETRACT), the ratio is not printed
+    input_tokens: int  # Σ prompt lengths of the retracted requests
+    output_tokens: int  # Σ output lengths of the retracted requests
+
+
+@dataclass(frozen=True, slots=True)
+class LastRequestAborted:
+    """The last request of a decode batch still did not fit after all others were retracted."""
+
+    rid: str
+
+
+@dataclass(frozen=True, slots=True)
+class RequestAborted:
+    rid: str
+    message: str
+    status_code: int
+
+
+@dataclass(frozen=True, slots=True)
+class StartupInfo:
+    max_total_num_tokens: int
+    chunked_prefill_size: int  # as given (−1 when disabled)
+    max_prefill_tokens: int
+    max_running_requests: int
+    context_len: int
+    available_mem_gb: float
+    device: str = "cuda"
+
+
+Event = PrefillBatchStats | DecodeBatchStats | Retraction | LastRequestAborted | RequestAborted | StartupInfo

@@ -1,0 +1,59 @@
+"""Waiting-queue order for each scheduling pass (`--schedule-policy`, reference §1.2).
+
+The queue is sorted in place once per pass; admission then walks it in that order and stops at the first
+request that does not fit (head-of-line blocking).
+"""
+
+from __future__ import annotations
+
+import random
+
+from kvadmit.memory.pool import TokenPool
+from kvadmit.memory.radix import RadixCache
+from kvadmit.request import Req
+
+WAITING_QUEUE_PREFIX_MATCH_MAX = 128  # above this many waiting, lpm falls back to fcfs for the pass
+IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD = 32  # a match this short is checked against other waiting reqs
+IN_BATCH_PREFIX_CACHING_DEPRIORITIZE_THRESHOLD = 32  # sharing this much with an earlier one defers it
+
+
+class QueueOrder:
+    def __init__(self, policy: str, cache: RadixCache, seed: int = 0) -> None:
+        self.policy = policy
+        self.cache = cache
+        self.rng = random.Random(seed)
+
+    def effective_policy(self, waiting: list[Req]) -> str:
+        if self.policy == "lpm" and (not self.cache.enabled or len(waiting) > WAITING_QUEUE_PREFIX_MATCH_MAX):
+            return "fcfs"
+        return self.policy
+
+    def sort(self, waiting: list[Req]) -> None:
+        policy = self.effective_policy(waiting)
+        if policy == "fcfs":
+            return
+        if policy == "lof":
+            waiting.sort(key=lambda r: -r.sampling.max_new_tokens)
+        elif policy == "random":
+            self.rng.shuffle(waiting)
+        elif policy == "lpm":
+            self._sort_lpm(waiting)
+
+    def _sort_lpm(self, waiting: list[Req]) -> None:
+        """Longest cached prefix first. A request with little cached that shares a long prefix with an
+        earlier waiting request goes last, so that the earlier one fills the cache for it."""
+        matched: dict[int, int] = {}
+        deferred: set[int] = set()
+        in_batch = RadixCache(TokenPool(1), page_size=1)  # keys only; its slots are never used
+        for req in waiting:
+            fill = req.fill_ids()
+            key = fill[: len(fill) - 1]
+            n = len(self.cache.match_prefix(key).value)
+            matched[id(req)] = n
+            if n <= IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD:
+                shared = len(in_batch.match_prefix(key).value)
+                if shared >= IN_BATCH_PREFIX_CACHING_DEPRIORITIZE_THRESHOLD:
+                    deferred.add(id(req))
+                else:
+                    in_batch.insert(key, [0] * len(key))
+        waiting.sort(key=lambda r: float("inf") if id(r) in deferred else -matched[id(r)])

@@ -1,0 +1,531 @@
+"""The scheduler: one pass picks the next batch; the executor runs it; the result updates requests.
+
+This is the thin orchestrator over admission, ratio, retraction and ordering. It reproduces SGLang
+0.5.22's non-overlap event loop (reference §1–§3):
+
+    next_batch():   merge the last prefill batch into the running batch;
+                    try to form a prefill batch (admission) — prefill has priority;
+                    else check decode memory (retracting if needed), decay or reset the ratio,
+                    and give the running batch one more slot each;
+                    nothing to do: if fully idle, reset the ratio.
+    on_batch_done(): append the sampled tokens, finish requests, hand KV to the prefix cache.
+
+It never reads a clock and never imports torch; the same inputs give the same decisions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+from kvadmit.config import ConfigError, ServerArgs, resolve_chunked_prefill_size, resolve_max_running_requests
+from kvadmit.memory.pool import ReqSlotPool, TokenPool
+from kvadmit.memory.radix import NoPrefixCache, RadixCache
+from kvadmit.request import FinishKind, FinishReason, Req
+from kvadmit.scheduler.admission import AddResult, AdmissionPass, prepare_candidate
+from kvadmit.scheduler.batch import RunningBatch
+from kvadmit.scheduler.events import (
+    DecodeBatchStats,
+    Event,
+    LastRequestAborted,
+    PrefillBatchStats,
+    RequestAborted,
+    Retraction,
+)
+from kvadmit.scheduler.ordering import QueueOrder
+from kvadmit.scheduler.ratio import NewTokenRatio, ratio_after_retract
+from kvadmit.scheduler.retraction import (
+    LAST_REQUEST_ABORT_MESSAGE,
+    LAST_REQUEST_ASSERTION,
+    LAST_REQUEST_VALUE_ERROR,
+    check_decode_mem,
+    evict_for,
+    retract_decode,
+)
+
+QUEUE_FULL_MESSAGE = "The request queue is full."
+MAX_NEW_TOKENS_UNSET = 1 << 30
+
+
+class EngineCrash(RuntimeError):
+    """What an SGLang release before 0.5.10 did when even the last request did not fit: the server died."""
+
+
+@dataclass(slots=True)
+class ScheduledBatch:
+    """A batch for the executor.
+
+    prefill: for each request, compute tokens fill_ids()[prefix_len:fill_len] into slots
+             kv[prefix_len:fill_len], attending to kv[:prefix_len]; sample one token per request.
+    decode:  for each request, compute its last output token into slot kv[-1]; sample one token.
+    """
+
+    kind: Literal["prefill", "decode"]
+    reqs: list[Req]
+    chunked: Req | None = None  # in a prefill: the request whose prompt is still unfinished after it
+    stats: PrefillBatchStats | None = None
+
+
+@dataclass(slots=True)
+class StepOutcome:
+    tokens: list[tuple[Req, int]] = field(default_factory=list)  # tokens appended, in batch order
+    finished: list[Req] = field(default_factory=list)  # requests that ended in this step
+
+
+class Scheduler:
+    def __init__(
+        self,
+        args: ServerArgs,
+        *,
+        max_total_tokens: int | None = None,
+        context_len: int | None = None,
+        eos_token_ids: frozenset[int] = frozenset(),
+    ) -> None:
+        pool_size = max_total_tokens if max_total_tokens is not None else args.max_total_tokens
+        if pool_size is None or pool_size <= 0:
+            raise ConfigError("the KV pool needs a positive size (--max-total-tokens)")
+        self.args = args
+        self.profile = args.profile
+        self.knobs = args.knobs
+        self.page_size = args.page_size
+        self.pool = TokenPool(pool_size, args.page_size)
+        self.max_total_num_tokens = self.pool.size
+        if self.max_total_num_tokens < 2 * self.page_size:
+            raise ConfigError(
+                f"a pool of {pool_size} tokens holds fewer than two pages of {self.page_size}; "
+                "raise --max-total-tokens or lower --page-size"
+            )
+        self.context_len = context_len or args.context_length or self.max_total_num_tokens
+        self.chunked_prefill_size = resolve_chunked_prefill_size(args.chunked_prefill_size)
+        self.max_running_requests = resolve_max_running_requests(
+            args.max_running_requests, self.max_total_num_tokens, self.context_len
+        )
+        # The longest sequence a request may reach (SGLang: min(context_len − 1, pool − 1)).
+        self.max_req_len = min(self.context_len - 1, self.max_total_num_tokens - 1)
+        self.eos_token_ids = eos_token_ids
+
+        cache_cls = NoPrefixCache if args.disable_radix_cache else RadixCache
+        self.cache: RadixCache = cache_cls(self.pool, args.page_size)
+        self.req_slots = ReqSlotPool(self.max_running_requests)
+        self.ratio = NewTokenRatio.from_config(args.schedule_conservativeness, args.knobs)
+        self.order = QueueOrder(args.schedule_policy, self.cache, args.random_seed)
+
+        self.waiting: list[Req] = []
+        self.running = self._new_running_batch()
+        self.chunked_req: Req | None = None
+        self.last_batch: ScheduledBatch | None = None
+        self.forward_ct = 0  # batches launched (prefill and decode)
+        self.forward_ct_decode = 0  # decode batches processed (mod 2^30), for the decode log interval
+        self._generated_since_log = 0
+        self._seq = 0
+        self.events: list[Event] = []
+
+    def _new_running_batch(self, reqs: list[Req] | None = None) -> RunningBatch:
+        return RunningBatch(
+            self.knobs.clip_max_new_tokens_estimation, self.profile.ignore_eos_reserves_in_full, reqs
+        )
+
+    # ===== requests in =========================================================================
+    def add_request(self, req: Req) -> bool:
+        """Queue a request. Returns False (and finishes it with an abort) when it can never run or the
+        queue is full. Caps max_new_tokens as SGLang's init_req_max_new_tokens does."""
+        req.seq = self._seq
+        self._seq += 1
+        input_len = len(req.origin_input_ids)
+        if input_len == 0:
+            return self._reject(req, "The input is empty: a request needs at least one prompt token.", 400)
+        if input_len >= self.max_req_len:
+            return self._reject(
+                req,
+                f"Input length ({input_len} tokens) exceeds the maximum allowed length "
+                f"({self.max_req_len - 1} tokens): the context length is {self.context_len} and the KV "
+                f"pool holds {self.max_total_num_tokens} tokens.",
+                400,
+            )
+        s = req.sampling
+        m = s.max_new_tokens if s.max_new_tokens is not None else MAX_NEW_TOKENS_UNSET
+        limit = self.knobs.max_new_tokens_limit
+        if limit is not None and m > limit:
+            m = limit
+        # The memory cap keeps ceil_page(input) + max_new + page_size strictly below the pool size, so
+        # an accepted request can always be scheduled on an empty pool.
+        ceil_input = -(-input_len // self.page_size) * self.page_size
+        m = max(
+            0,
+            min(
+                m,
+                self.max_req_len - input_len - 1,
+                self.max_total_num_tokens - ceil_input - self.page_size - 1,
+            ),
+        )
+        s.max_new_tokens = m
+        s.min_new_tokens = min(s.min_new_tokens, m)
+        if self.eos_token_ids and not s.ignore_eos:
+            s.stop_token_ids = s.stop_token_ids | self.eos_token_ids
+        return self._enqueue(req)
+
+    def _enqueue(self, req: Req) -> bool:
+        cap = self.args.max_queued_requests
+        if cap is not None and len(self.waiting) >= cap:
+            return self._reject(req, QUEUE_FULL_MESSAGE, 503)
+        self.waiting.append(req)
+        return True
+
+    def _reject(self, req: Req, message: str, status: int) -> bool:
+        req.finished_reason = FinishReason(FinishKind.ABORT, message, status)
+        self.events.append(RequestAborted(req.rid, message, status))
+        return False
+
+    def abort_request(self, rid: str) -> bool:
+        """Client abort. A waiting request ends now; a running or chunked one at its next result."""
+        for i, req in enumerate(self.waiting):
+            if req.rid == rid:
+                del self.waiting[i]
+                self._reject(req, "Aborted by the client.", 499)
+                return True
+        for req in [*self.running.reqs, *([self.chunked_req] if self.chunked_req else [])]:
+            if req.rid == rid and not req.finished:
+                req.abort_requested = True
+                return True
+        return False
+
+    # ===== one scheduling pass ==================================================================
+    def next_batch(self) -> ScheduledBatch | None:
+        """The next batch to run, or None when nothing can run until a new request arrives.
+
+        SGLang's loop spins: a pass that forms nothing (say, the decode pass that drops the last finished
+        requests) is followed at once by another, which may admit the waiting queue. We run that next
+        pass here rather than return None while work is waiting.
+        """
+        batch = self._one_pass()
+        if batch is None and self.waiting and not self.running.batch_is_full:
+            batch = self._one_pass()
+        return batch
+
+    def _one_pass(self) -> ScheduledBatch | None:
+        self._merge_last_prefill()
+        batch = self._get_new_prefill_batch()
+        if batch is None and self.running.reqs:
+            batch = self._update_running_batch()
+        if batch is None:
+            self._on_idle()
+        else:
+            self.forward_ct += 1
+        self.last_batch = batch
+        return batch
+
+    def _merge_last_prefill(self) -> None:
+        last = self.last_batch
+        if last is None or last.kind != "prefill":
+            return
+        keep = [r for r in last.reqs if not r.finished and r is not last.chunked]
+        if len(keep) < len(last.reqs):
+            self.running.batch_is_full = False
+        if not keep:
+            return
+        if not self.running.reqs:
+            self.running = self._new_running_batch(keep)  # SGLang replaces the empty batch object
+        else:
+            self.running.extend(keep)
+
+    def _num_allocatable_reqs(self, running_bs: int) -> int:
+        return min(self.max_running_requests - running_bs, self.req_slots.available_size())
+
+    def _get_new_prefill_batch(self) -> ScheduledBatch | None:
+        if (self.running.batch_is_full or not self.waiting) and self.chunked_req is None:
+            return None
+        running_bs = len(self.running.reqs)
+        allocatable = self._num_allocatable_reqs(running_bs)
+        if allocatable <= 0 and self.chunked_req is None:
+            self.running.batch_is_full = True
+            return None
+        self.order.sort(self.waiting)
+        if self.knobs.test_retract and running_bs > self.knobs.test_retract_no_prefill_bs:
+            return None
+
+        adder = self._new_admission_pass()
+        chunked = self.chunked_req
+        if chunked is not None:
+            prepare_candidate(chunked, self.cache, continuing_chunk=True)
+            self.chunked_req = adder.add_chunked_req(chunked)
+        for req in self.waiting:
+            if len(adder.can_run_list) >= allocatable:
+                self.running.batch_is_full = True
+                break
+            prepare_candidate(req, self.cache)
+            result = adder.add_one_req(req)
+            if result is not AddResult.CONTINUE:
+                if result is AddResult.NO_TOKEN:
+                    self.running.batch_is_full = bool(adder.can_run_list) or bool(self.running.reqs)
+                break
+        admitted = adder.can_run_list
+        if not admitted:
+            return None
+
+        admitted_ids = {id(r) for r in admitted}
+        self.waiting = [r for r in self.waiting if id(r) not in admitted_ids]
+        if adder.new_chunked_req is not None:
+            self.chunked_req = adder.new_chunked_req
+        for req in admitted:
+            if req is not chunked:
+                self.req_slots.alloc()
+            self._alloc_kv(req, req.fill_len - len(req.kv))
+        return ScheduledBatch(
+            kind="prefill",
+            reqs=admitted,
+            chunked=self.chunked_req,
+            stats=self._prefill_stats(adder, running_bs),
+        )
+
+    def _new_admission_pass(self) -> AdmissionPass:
+        return AdmissionPass(
+            cache=self.cache,
+            pool=self.pool,
+            running=self.running,
+            new_token_ratio=self.ratio.current,
+            page_size=self.page_size,
+            profile=self.profile,
+            clip_max_new_tokens=self.knobs.clip_max_new_tokens_estimation,
+            rem_input_tokens=self.args.max_prefill_tokens,
+            rem_chunk_tokens=self.chunked_prefill_size,
+            prefill_max_requests=self.args.prefill_max_requests,
+        )
+
+    def _prefill_stats(self, adder: AdmissionPass, running_bs: int) -> PrefillBatchStats:
+        pending = sum(r.seqlen for r in self.waiting)
+        if self.chunked_req is not None:
+            pending += self.chunked_req.seqlen - self.chunked_req.fill_len
+        hit = sum(
+            r.prefix_len for r in adder.can_run_list if not r.is_retracted and r is not self.chunked_req
+        )
+        used = self.num_used_tokens()
+        return PrefillBatchStats(
+            new_seq=len(adder.can_run_list),
+            new_token=adder.log_input_tokens,
+            cached_token=adder.log_hit_tokens,
+            num_used_tokens=used,
+            token_usage=used / self.max_total_num_tokens,
+            running_req=running_bs,
+            queue_req=len(self.waiting),
+            pending_token=pending,
+            new_token_ratio=self.ratio.current,
+            hit_tokens_for_rate=hit,
+            input_tokens_for_rate=adder.log_input_tokens,
+        )
+
+    def _alloc_kv(self, req: Req, n: int) -> None:
+        """Give `req` slots for `n` more tokens, evicting unlocked cache first if the pool is short."""
+        if n <= 0:
+            return
+        evict_for(self.cache, self.pool, self.pool.pages_needed(len(req.kv), n) * self.page_size)
+        req.kv.extend(self.pool.alloc_extend(req.kv, n))
+
+    def _update_running_batch(self) -> ScheduledBatch | None:
+        running = self.running
+        initial_bs = len(running.reqs)
+        live = [r for r in running.reqs if not r.finished]
+        if len(live) < initial_bs:
+            running.replace(live)
+        if not live:
+            running.batch_is_full = False
+            return None
+
+        memory_ok = check_decode_mem(live, self.cache, self.pool, self.page_size)
+        forced = (
+            memory_ok and self.knobs.test_retract and self.forward_ct % self.knobs.test_retract_interval == 0
+        )
+        if not memory_ok or forced:
+            self._retract(forced)
+        else:
+            self.ratio.decay_step()
+        if len(running.reqs) < initial_bs:
+            running.batch_is_full = False
+        if not running.reqs:
+            return None
+        if self.page_size == 1:
+            slots = self.pool.alloc_decode(len(running.reqs))
+            for req, slot in zip(running.reqs, slots, strict=True):
+                req.kv.append(slot)
+        else:
+            for req in running.reqs:
+                self._alloc_kv(req, 1)
+        return ScheduledBatch(kind="decode", reqs=list(running.reqs))
+
+    def _retract(self, forced: bool) -> None:
+        running = self.running
+        before = self.pool.available_size()
+        old_ratio = self.ratio.current
+        result = retract_decode(
+            running.reqs,
+            self.cache,
+            self.pool,
+            self.page_size,
+            self.knobs.retract_decode_steps,
+            self._release,
+        )
+        last = result.last_request
+        if last is not None:
+            oom = self.profile.last_request_oom
+            if oom == "value_error":
+                raise EngineCrash(f"ValueError: {LAST_REQUEST_VALUE_ERROR}")
+            if oom == "assertion":
+                raise EngineCrash(
+                    f"AssertionError: {LAST_REQUEST_ASSERTION}, "
+                    f"self.token_to_kv_pool_allocator.available_size()={self.pool.available_size()}"
+                )
+            self._release(last)
+            last.reset_for_retract()
+            last.finished_reason = FinishReason(FinishKind.ABORT, LAST_REQUEST_ABORT_MESSAGE, 500)
+            self.events.append(LastRequestAborted(last.rid))
+            self.events.append(RequestAborted(last.rid, LAST_REQUEST_ABORT_MESSAGE, 500))
+        running.replace(result.kept)
+        new_ratio = ratio_after_retract(
+            [len(r.output_ids) for r in result.kept],
+            [r.sampling.max_new_tokens for r in result.kept],
+            self.knobs.retract_decode_steps,
+        )
+        self.ratio.current = new_ratio
+        self.events.append(
+            Retraction(
+                rids=tuple(r.rid for r in result.retracted),
+                new_tokens_gained=self.pool.available_size() - before,
+                old_ratio=old_ratio,
+                new_ratio=new_ratio,
+                forced=forced,
+                input_tokens=sum(len(r.origin_input_ids) for r in result.retracted),
+                output_tokens=sum(len(r.output_ids) for r in result.retracted),
+            )
+        )
+        for req in result.retracted:
+            self._enqueue(req)
+
+    def _release(self, req: Req) -> None:
+        """Free a request's own KV (no caching) and its request slot."""
+        self.cache.release_req(req)
+        self.req_slots.free()
+
+    def is_fully_idle(self) -> bool:
+        return not self.running.reqs and self.chunked_req is None and not self.waiting
+
+    def _on_idle(self) -> None:
+        # SGLang's loop spins while idle, so an idle pass is always followed by another before new work
+        # arrives; the reset that its `last_batch` lag delays by one pass is therefore taken here.
+        if self.is_fully_idle():
+            self.ratio.reset()
+
+    # ===== results in ===========================================================================
+    def on_batch_done(self, batch: ScheduledBatch, next_token_ids: list[int]) -> StepOutcome:
+        """Apply the executor's sampled tokens (one per request, in batch order)."""
+        if len(next_token_ids) != len(batch.reqs):
+            raise ValueError(f"expected {len(batch.reqs)} tokens, got {len(next_token_ids)}")
+        outcome = StepOutcome()
+        if batch.kind == "prefill":
+            self._process_prefill(batch, next_token_ids, outcome)
+        else:
+            self._process_decode(batch, next_token_ids, outcome)
+        return outcome
+
+    def _process_prefill(self, batch: ScheduledBatch, tokens: list[int], outcome: StepOutcome) -> None:
+        for req, token in zip(batch.reqs, tokens, strict=True):
+            if req is batch.chunked:
+                # A non-final chunk: its sampled token is discarded; cache what it computed.
+                self.cache.cache_unfinished_req(req)
+                if req.abort_requested:
+                    self._finish_chunked_abort(req, outcome)
+                continue
+            self._append_token(req, token, outcome)
+            if not req.finished:
+                self.cache.cache_unfinished_req(req)
+        assert batch.stats is not None
+        self.events.append(replace(batch.stats, queue_req=len(self.waiting)))  # the queue at log time
+
+    def _finish_chunked_abort(self, req: Req, outcome: StepOutcome) -> None:
+        self.chunked_req = None
+        self._finish(req, FinishReason(FinishKind.ABORT, "Aborted by the client.", 499), outcome)
+
+    def _process_decode(self, batch: ScheduledBatch, tokens: list[int], outcome: StepOutcome) -> None:
+        running = self.running
+        for req, token in zip(batch.reqs, tokens, strict=True):
+            running.before_new_token(req)
+            self._append_token(req, token, outcome)
+        self.forward_ct_decode = (self.forward_ct_decode + 1) % (1 << 30)
+        self._generated_since_log += len(batch.reqs)
+        if self.forward_ct_decode % self.args.decode_log_interval == 0:
+            used = self.num_used_tokens()
+            self.events.append(
+                DecodeBatchStats(
+                    running_req=len(batch.reqs),
+                    num_used_tokens=used,
+                    token_usage=used / self.max_total_num_tokens,
+                    queue_req=len(self.waiting),
+                    generated_tokens=self._generated_since_log,
+                )
+            )
+            self._generated_since_log = 0
+
+    def _append_token(self, req: Req, token: int, outcome: StepOutcome) -> None:
+        req.output_ids.append(token)
+        outcome.tokens.append((req, token))
+        reason = self._check_finished(req, token)
+        if reason is not None:
+            self._finish(req, reason, outcome)
+
+    def _check_finished(self, req: Req, token: int) -> FinishReason | None:
+        if req.abort_requested:
+            return FinishReason(FinishKind.ABORT, "Aborted by the client.", 499)
+        s = req.sampling
+        if len(req.output_ids) >= s.max_new_tokens:
+            return FinishReason(FinishKind.LENGTH, matched=None)
+        if not s.ignore_eos and token in s.stop_token_ids and len(req.output_ids) >= s.min_new_tokens:
+            return FinishReason(FinishKind.STOP, matched=token)
+        if req.stop_requested:
+            return FinishReason(FinishKind.STOP, matched=req.stop_requested)
+        return None
+
+    def _finish(self, req: Req, reason: FinishReason, outcome: StepOutcome) -> None:
+        req.finished_reason = reason
+        if reason.kind is FinishKind.ABORT:
+            self.cache.release_req(req)
+            self.events.append(RequestAborted(req.rid, reason.message, reason.status_code))
+        else:
+            self.cache.cache_finished_req(req)
+        self.req_slots.free()
+        outcome.finished.append(req)
+
+    # ===== accounting ===========================================================================
+    def num_used_tokens(self) -> int:
+        """SGLang's `#token`: pool − (available + evictable); evictable cache does not count as used."""
+        return self.max_total_num_tokens - (self.pool.available_size() + self.cache.evictable_size())
+
+    def drain_events(self) -> list[Event]:
+        events, self.events = self.events, []
+        return events
+
+    def check_invariants(self) -> None:
+        """DESIGN.md's pool accounting: free + evictable + locked + held by requests == pool size."""
+        held_pages = 0
+        live = {id(r): r for r in self.running.reqs if not r.finished}
+        if self.chunked_req is not None:
+            live[id(self.chunked_req)] = self.chunked_req
+        if self.last_batch is not None and self.last_batch.kind == "prefill":
+            live.update((id(r), r) for r in self.last_batch.reqs if not r.finished)
+        for req in live.values():
+            own = len(req.kv) - req.cached_len
+            held_pages += -(-own // self.pool.page_size)
+        total = (
+            self.pool.available_size()
+            + self.cache.evictable_size()
+            + self.cache.protected_size()
+            + held_pages * self.pool.page_size
+        )
+        if total != self.max_total_num_tokens:
+            raise AssertionError(
+                f"pool accounting broken: free {self.pool.available_size()} + evictable "
+                f"{self.cache.evictable_size()} + locked {self.cache.protected_size()} + held "
+                f"{held_pages * self.pool.page_size} = {total} != {self.max_total_num_tokens}"
+            )
+        if self.req_slots.size - self.req_slots.available_size() != len(live):
+            raise AssertionError(
+                f"request slots: {self.req_slots.size - self.req_slots.available_size()} in use, "
+                f"{len(live)} live requests"
+            )
