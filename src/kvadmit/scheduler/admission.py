@@ -16,6 +16,7 @@ boundary for rounding to matter (see `RunningBatch.fast_reservation`).
 from __future__ import annotations
 
 from enum import Enum
+from typing import NamedTuple
 
 from kvadmit.config import VersionProfile
 from kvadmit.memory.pool import TokenPool
@@ -50,6 +51,19 @@ def prepare_candidate(req: Req, cache: RadixCache, continuing_chunk: bool = Fals
         req.prefix_len = len(match.value)
     req.fill_len = req.seqlen
     req.extend_input_len = req.seqlen - req.prefix_len
+
+
+class Budget(NamedTuple):
+    """The budget at one moment of a pass, exactly (for explanations and snapshot answers)."""
+
+    available: int
+    evictable: int
+    running_reservation: float | int
+    charged: int  # Σ charges of the requests admitted so far this pass
+    rem_total_tokens: float | int
+    cur_rem_tokens: int
+    rem_input_tokens: int
+    rem_chunk_tokens: int | None
 
 
 class AdmissionPass:
@@ -113,6 +127,20 @@ class AdmissionPass:
         for charge in self._charges:
             offset += charge
         return self.available_and_evictable() - offset
+
+    def snapshot_budget(self) -> Budget:
+        rem_total = self.rem_total_tokens  # computes the exact running reservation
+        assert self._base_exact is not None
+        return Budget(
+            available=self.pool.available_size(),
+            evictable=self.cache.evictable_size(),
+            running_reservation=self._base_exact,
+            charged=self._charge_sum,
+            rem_total_tokens=rem_total,
+            cur_rem_tokens=self.cur_rem_tokens,
+            rem_input_tokens=self.rem_input_tokens,
+            rem_chunk_tokens=self.rem_chunk_tokens,
+        )
 
     def _rem_total_fast(self) -> tuple[float, float]:
         """rem_total_tokens from the running sums, and a bound on its distance from the exact value:

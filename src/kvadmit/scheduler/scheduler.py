@@ -22,7 +22,7 @@ from kvadmit.config import ConfigError, ServerArgs, resolve_chunked_prefill_size
 from kvadmit.memory.pool import ReqSlotPool, TokenPool
 from kvadmit.memory.radix import NoPrefixCache, RadixCache
 from kvadmit.request import FinishKind, FinishReason, Req
-from kvadmit.scheduler.admission import AddResult, AdmissionPass, prepare_candidate
+from kvadmit.scheduler.admission import AddResult, AdmissionPass, Budget, prepare_candidate
 from kvadmit.scheduler.batch import RunningBatch
 from kvadmit.scheduler.events import (
     DecodeBatchStats,
@@ -38,6 +38,7 @@ from kvadmit.scheduler.retraction import (
     LAST_REQUEST_ABORT_MESSAGE,
     LAST_REQUEST_ASSERTION,
     LAST_REQUEST_VALUE_ERROR,
+    RetractResult,
     check_decode_mem,
     evict_for,
     retract_decode,
@@ -67,6 +68,21 @@ class ScheduledBatch:
 
 
 @dataclass(slots=True)
+class AdmissionRecord:
+    """What one admission pass did, for the batch builder and for `kvadmit capacity` explanations."""
+
+    running_bs: int
+    allocatable: int = 0
+    gate: str | None = None  # why no candidate was looked at: batch_is_full, no_waiting, request_cap, …
+    adder: AdmissionPass | None = None
+    looked_at: list[Req] = field(default_factory=list)  # waiting requests passed to add_one_req
+    verdict: AddResult | None = None  # the last add_one_req result
+    stopped_at: Req | None = None  # the request whose call returned a non-CONTINUE verdict
+    stop_cause: str = "end"  # end of queue, a verdict, or the request cap
+    budgets: list[Budget] = field(default_factory=list)  # before each looked-at request (explain=True)
+
+
+@dataclass(slots=True)
 class StepOutcome:
     tokens: list[tuple[Req, int]] = field(default_factory=list)  # tokens appended, in batch order
     finished: list[Req] = field(default_factory=list)  # requests that ended in this step
@@ -80,15 +96,19 @@ class Scheduler:
         max_total_tokens: int | None = None,
         context_len: int | None = None,
         eos_token_ids: frozenset[int] = frozenset(),
+        token_pool: TokenPool | None = None,
     ) -> None:
+        """`token_pool` replaces the default pool of max_total_tokens slots in pages of --page-size (the
+        snapshot builder passes one with single-token pages, to hold arbitrary token counts)."""
         pool_size = max_total_tokens if max_total_tokens is not None else args.max_total_tokens
-        if pool_size is None or pool_size <= 0:
+        if token_pool is None and (pool_size is None or pool_size <= 0):
             raise ConfigError("the KV pool needs a positive size (--max-total-tokens)")
         self.args = args
         self.profile = args.profile
         self.knobs = args.knobs
         self.page_size = args.page_size
-        self.pool = TokenPool(pool_size, args.page_size)
+        self.pool = token_pool if token_pool is not None else TokenPool(pool_size or 0, args.page_size)
+        pool_size = self.pool.size
         self.max_total_num_tokens = self.pool.size
         if self.max_total_num_tokens < 2 * self.page_size:
             raise ConfigError(
@@ -119,6 +139,7 @@ class Scheduler:
         self._generated_since_log = 0
         self._seq = 0
         self.events: list[Event] = []
+        self.last_retract_result: RetractResult | None = None
 
     def _new_running_batch(self, reqs: list[Req] | None = None) -> RunningBatch:
         return RunningBatch(
@@ -231,37 +252,58 @@ class Scheduler:
     def _num_allocatable_reqs(self, running_bs: int) -> int:
         return min(self.max_running_requests - running_bs, self.req_slots.available_size())
 
-    def _get_new_prefill_batch(self) -> ScheduledBatch | None:
-        if (self.running.batch_is_full or not self.waiting) and self.chunked_req is None:
-            return None
-        running_bs = len(self.running.reqs)
-        allocatable = self._num_allocatable_reqs(running_bs)
-        if allocatable <= 0 and self.chunked_req is None:
+    def run_admission(self, explain: bool = False) -> AdmissionRecord:
+        """SGLang's `_get_new_batch_prefill_raw` up to the point where the batch is known: the gates,
+        the in-flight chunk, then the waiting queue in policy order until a verdict other than CONTINUE
+        or the request cap. Nothing is allocated yet."""
+        record = AdmissionRecord(running_bs=len(self.running.reqs))
+        if self.chunked_req is None:
+            if self.running.batch_is_full:
+                record.gate = "batch_is_full"
+                return record
+            if not self.waiting:
+                record.gate = "no_waiting"
+                return record
+        record.allocatable = self._num_allocatable_reqs(record.running_bs)
+        if record.allocatable <= 0 and self.chunked_req is None:
             self.running.batch_is_full = True
-            return None
+            record.gate = "request_cap"
+            return record
         self.order.sort(self.waiting)
-        if self.knobs.test_retract and running_bs > self.knobs.test_retract_no_prefill_bs:
-            return None
+        if self.knobs.test_retract and record.running_bs > self.knobs.test_retract_no_prefill_bs:
+            record.gate = "test_retract_no_prefill"
+            return record
 
-        adder = self._new_admission_pass()
+        adder = record.adder = self._new_admission_pass()
         chunked = self.chunked_req
         if chunked is not None:
             prepare_candidate(chunked, self.cache, continuing_chunk=True)
             self.chunked_req = adder.add_chunked_req(chunked)
         for req in self.waiting:
-            if len(adder.can_run_list) >= allocatable:
+            if len(adder.can_run_list) >= record.allocatable:
                 self.running.batch_is_full = True
+                record.stop_cause = "request_cap"
                 break
             prepare_candidate(req, self.cache)
-            result = adder.add_one_req(req)
+            record.looked_at.append(req)
+            if explain:
+                record.budgets.append(adder.snapshot_budget())
+            result = record.verdict = adder.add_one_req(req)
             if result is not AddResult.CONTINUE:
                 if result is AddResult.NO_TOKEN:
                     self.running.batch_is_full = bool(adder.can_run_list) or bool(self.running.reqs)
+                record.stopped_at = req
+                record.stop_cause = "verdict"
                 break
-        admitted = adder.can_run_list
-        if not admitted:
-            return None
+        return record
 
+    def _get_new_prefill_batch(self) -> ScheduledBatch | None:
+        chunked = self.chunked_req
+        record = self.run_admission()
+        adder = record.adder
+        if adder is None or not adder.can_run_list:
+            return None
+        admitted = adder.can_run_list
         admitted_ids = {id(r) for r in admitted}
         self.waiting = [r for r in self.waiting if id(r) not in admitted_ids]
         if adder.new_chunked_req is not None:
@@ -274,7 +316,7 @@ class Scheduler:
             kind="prefill",
             reqs=admitted,
             chunked=self.chunked_req,
-            stats=self._prefill_stats(adder, running_bs),
+            stats=self._prefill_stats(adder, record.running_bs),
         )
 
     def _new_admission_pass(self) -> AdmissionPass:
@@ -317,7 +359,7 @@ class Scheduler:
         """Give `req` slots for `n` more tokens, evicting unlocked cache first if the pool is short."""
         if n <= 0:
             return
-        evict_for(self.cache, self.pool, self.pool.pages_needed(len(req.kv), n) * self.page_size)
+        evict_for(self.cache, self.pool, self.pool.pages_needed(len(req.kv), n) * self.pool.page_size)
         req.kv.extend(self.pool.alloc_extend(req.kv, n))
 
     def _update_running_batch(self) -> ScheduledBatch | None:
@@ -330,13 +372,7 @@ class Scheduler:
             running.batch_is_full = False
             return None
 
-        memory_ok = check_decode_mem(live, self.cache, self.pool, self.page_size)
-        forced = (
-            memory_ok and self.knobs.test_retract and self.forward_ct % self.knobs.test_retract_interval == 0
-        )
-        if not memory_ok or forced:
-            self._retract(forced)
-        else:
+        if self.check_decode_or_retract() is None:
             self.ratio.decay_step()
         if len(running.reqs) < initial_bs:
             running.batch_is_full = False
@@ -351,7 +387,18 @@ class Scheduler:
                 self._alloc_kv(req, 1)
         return ScheduledBatch(kind="decode", reqs=list(running.reqs))
 
-    def _retract(self, forced: bool) -> None:
+    def check_decode_or_retract(self) -> Retraction | None:
+        """Before a decode step: can every running request get a slot? If not (or when SGLANG_TEST_RETRACT
+        forces it), retract, set the ratio to the post-retraction estimate and return what happened."""
+        memory_ok = check_decode_mem(self.running.reqs, self.cache, self.pool, self.page_size)
+        forced = (
+            memory_ok and self.knobs.test_retract and self.forward_ct % self.knobs.test_retract_interval == 0
+        )
+        if memory_ok and not forced:
+            return None
+        return self._retract(forced)
+
+    def _retract(self, forced: bool) -> Retraction:
         running = self.running
         before = self.pool.available_size()
         old_ratio = self.ratio.current
@@ -385,19 +432,20 @@ class Scheduler:
             self.knobs.retract_decode_steps,
         )
         self.ratio.current = new_ratio
-        self.events.append(
-            Retraction(
-                rids=tuple(r.rid for r in result.retracted),
-                new_tokens_gained=self.pool.available_size() - before,
-                old_ratio=old_ratio,
-                new_ratio=new_ratio,
-                forced=forced,
-                input_tokens=sum(len(r.origin_input_ids) for r in result.retracted),
-                output_tokens=sum(len(r.output_ids) for r in result.retracted),
-            )
+        self.last_retract_result = result
+        event = Retraction(
+            rids=tuple(r.rid for r in result.retracted),
+            new_tokens_gained=self.pool.available_size() - before,
+            old_ratio=old_ratio,
+            new_ratio=new_ratio,
+            forced=forced,
+            input_tokens=sum(len(r.origin_input_ids) for r in result.retracted),
+            output_tokens=sum(len(r.output_ids) for r in result.retracted),
         )
+        self.events.append(event)
         for req in result.retracted:
             self._enqueue(req)
+        return event
 
     def _release(self, req: Req) -> None:
         """Free a request's own KV (no caching) and its request slot."""
