@@ -1,0 +1,38 @@
+"""Test helpers: tiny schedulers and requests built from the rules' own numbers."""
+
+from __future__ import annotations
+
+import itertools
+
+from kvadmit.config import ServerArgs
+from kvadmit.request import Req, SamplingLimits
+from kvadmit.scheduler.scheduler import Scheduler
+
+_ids = itertools.count(1_000_000)
+
+
+def make_req(
+    rid: str,
+    prompt_len: int = 0,
+    max_new_tokens: int = 128,
+    ignore_eos: bool = False,
+    prompt: list[int] | None = None,
+) -> Req:
+    """A request with its own token ids (so no accidental shared prefix) unless `prompt` is given."""
+    tokens = prompt if prompt is not None else [next(_ids) for _ in range(prompt_len)]
+    return Req(rid=rid, origin_input_ids=tokens, sampling=SamplingLimits(max_new_tokens, ignore_eos))
+
+
+def make_scheduler(**kw: object) -> Scheduler:
+    context_len = kw.pop("context_len", None)
+    return Scheduler(ServerArgs(**kw), context_len=context_len)  # type: ignore[arg-type]
+
+
+def step(sched: Scheduler, token: int = 7) -> tuple[object, object]:
+    """One pass + one result with every request sampling `token`."""
+    batch = sched.next_batch()
+    if batch is None:
+        return None, None
+    out = sched.on_batch_done(batch, [token] * len(batch.reqs))
+    sched.check_invariants()
+    return batch, out

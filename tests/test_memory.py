@@ -1,0 +1,113 @@
+"""Token pool (page aware) and the radix prefix cache (reference §1.7, §3.1)."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvadmit.memory.pool import OutOfSlots, ReqSlotPool, TokenPool
+from kvadmit.memory.radix import NoPrefixCache, RadixCache
+
+
+def test_pool_counts_free_slots_and_reuses_freed_ones() -> None:
+    pool = TokenPool(10)
+    a = pool.alloc_extend([], 4)
+    assert len(set(a)) == 4 and pool.available_size() == 6
+    pool.free(a[:2])
+    assert pool.available_size() == 8
+    with pytest.raises(OutOfSlots):
+        pool.alloc_extend([], 9)
+
+
+def test_paged_pool_fills_the_last_page_before_taking_a_new_one() -> None:
+    pool = TokenPool(16, page_size=4)
+    held = pool.alloc_extend([], 5)  # one full page and one slot of a second
+    assert pool.available_size() == 8  # two whole pages taken
+    assert held[4] // 4 != held[0] // 4 and held[:4] == list(range(held[0], held[0] + 4))
+    more = pool.alloc_extend(held, 3)  # fits in the unused 3 slots of the second page
+    assert pool.available_size() == 8
+    assert more == [held[4] + 1, held[4] + 2, held[4] + 3]
+    pool.alloc_extend(held + more, 1)  # a new page
+    assert pool.available_size() == 4
+
+
+def test_paged_pool_size_is_whole_pages() -> None:
+    assert TokenPool(4098, page_size=16).size == 4096
+
+
+def test_request_slots_are_bounded() -> None:
+    slots = ReqSlotPool(2)
+    slots.alloc()
+    slots.alloc()
+    with pytest.raises(OutOfSlots):
+        slots.alloc()
+    slots.free()
+    assert slots.available_size() == 1
+
+
+def _cache(size: int = 100, page: int = 1) -> tuple[TokenPool, RadixCache]:
+    pool = TokenPool(size, page)
+    return pool, RadixCache(pool, page)
+
+
+def _put(pool: TokenPool, cache: RadixCache, tokens: list[int]) -> int:
+    return cache.insert(tokens, pool.alloc_extend([], len(tokens)))
+
+
+def test_insert_reports_the_part_already_cached_and_new_tokens_are_evictable() -> None:
+    pool, cache = _cache()
+    assert _put(pool, cache, [1, 2, 3, 4]) == 0
+    assert cache.evictable_size() == 4
+    assert _put(pool, cache, [1, 2, 3, 9, 9]) == 3  # splits the first entry after 3 tokens
+    assert cache.evictable_size() == 6
+
+
+def test_match_returns_the_longest_prefix_and_splits_inside_a_node() -> None:
+    pool, cache = _cache()
+    _put(pool, cache, [1, 2, 3, 4, 5])
+    m = cache.match_prefix([1, 2, 3, 7])
+    assert len(m.value) == 3
+    assert m.last_node.key == [1, 2, 3]
+    assert cache.match_prefix([8]).last_node is cache.root
+
+
+def test_match_is_page_aligned() -> None:
+    pool, cache = _cache(64, page=4)
+    _put(pool, cache, list(range(12)))
+    assert len(cache.match_prefix(list(range(11))).value) == 8  # 11 tokens → two whole pages
+    assert len(cache.match_prefix([*range(6), 99, 99]).value) == 4  # diverges inside page 2
+
+
+def test_locking_a_node_protects_its_path_to_the_root() -> None:
+    pool, cache = _cache()
+    _put(pool, cache, [1, 2, 3])
+    _put(pool, cache, [1, 2, 3, 4, 5])
+    node = cache.match_prefix([1, 2, 3, 4, 5]).last_node
+    cache.inc_lock_ref(node)
+    assert (cache.evictable_size(), cache.protected_size()) == (0, 5)
+    cache.inc_lock_ref(node)
+    cache.dec_lock_ref(node)
+    assert cache.protected_size() == 5
+    cache.dec_lock_ref(node)
+    assert (cache.evictable_size(), cache.protected_size()) == (5, 0)
+
+
+def test_evict_takes_least_recently_used_whole_leaves_and_never_locked_ones() -> None:
+    pool, cache = _cache(100)
+    _put(pool, cache, [1] * 1 + [10, 11, 12])  # A: 4 tokens
+    _put(pool, cache, [2, 20, 21])  # B: 3 tokens
+    _put(pool, cache, [3, 30])  # C: 2 tokens
+    cache.match_prefix([1, 10, 11, 12])  # A becomes most recently used
+    locked = cache.match_prefix([3, 30]).last_node
+    cache.inc_lock_ref(locked)
+    free_before = pool.available_size()
+    assert cache.evict(1) == 3  # B (oldest unlocked) goes whole
+    assert pool.available_size() == free_before + 3
+    assert cache.evict(100) == 4  # then A; C is locked
+    assert cache.evictable_size() == 0 and cache.protected_size() == 2
+
+
+def test_disabled_cache_matches_nothing_and_has_nothing_evictable() -> None:
+    pool = TokenPool(10)
+    cache = NoPrefixCache(pool)
+    assert cache.match_prefix([1, 2, 3]).value == []
+    assert cache.evictable_size() == 0
