@@ -10,12 +10,9 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from kvadmit.config import SCHEDULE_POLICIES, ConfigError, SchedulerKnobs, ServerArgs
+from kvadmit.errors import UsageError
 
 EXIT_USAGE = 2
-
-
-class UsageError(Exception):
-    """Bad input from the user: printed as one line, exit status 2."""
 
 
 class _Parser(argparse.ArgumentParser):

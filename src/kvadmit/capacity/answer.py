@@ -56,12 +56,10 @@ def _need(sched: Scheduler, req: Req) -> tuple[int, int, int]:
 def _held_back(sched: Scheduler, budget: Budget) -> str:
     parts = []
     if sched.running.reqs:
+        eos = ", ignore_eos requests at 1.0" if sched.profile.ignore_eos_reserves_in_full else ""
         parts.append(
             f"the running requests' reservation of {_n(budget.running_reservation)} "
-            f"(ratio {sched.ratio.current:.4f}, ignore_eos requests at 1.0)"
-            if sched.profile.ignore_eos_reserves_in_full
-            else f"the running requests' reservation of {_n(budget.running_reservation)} "
-            f"(ratio {sched.ratio.current:.4f})"
+            f"(ratio {sched.ratio.current:.4f}{eos})"
         )
     if budget.charged:
         parts.append(f"{_n(budget.charged)} charged to requests admitted before it")

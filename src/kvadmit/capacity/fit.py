@@ -97,8 +97,9 @@ def explain_fit(q: FitQuestion) -> dict[str, object]:
     admitted = first_pass(q)
     lines = [
         f"Each new request must fit its uncached prompt ({q.input_len:,}) plus its max_new_tokens "
-        f"clipped to {clip:,} ({reserved:,}) plus one page ({page}): {q.input_len + reserved + page:,} tokens, "
-        f"strictly less than what remains of the {pool:,}-token pool.",
+        f"clipped to {clip:,} ({reserved:,}) plus one page ({page}): "
+        f"{q.input_len + reserved + page:,} tokens, strictly less than what remains of the "
+        f"{pool:,}-token pool.",
         f"Admitted, it is charged {charge:,} tokens, so from an empty pool one pass admits {admitted}: "
         f"{admitted} × {charge:,} = {admitted * charge:,}, leaving {pool - admitted * charge:,}, "
         f"less than the {q.input_len + reserved + page:,} the next one needs.",

@@ -7,6 +7,7 @@ from typing import Any, TextIO
 
 from kvadmit.capacity.answer import answer
 from kvadmit.capacity.snapshot import Snapshot, SnapshotError, parse_snapshot
+from kvadmit.errors import UsageError
 
 
 class ScenarioError(ValueError):
@@ -58,8 +59,6 @@ def _parse(data: Any, where: str) -> Snapshot:
 
 
 def run_scenario_file(path: str, *, as_json: bool, out: TextIO) -> int:
-    from kvadmit.cli import UsageError
-
     try:
         snapshots, many = load_snapshots(path)
         answers = [answer(s) for s in snapshots]
