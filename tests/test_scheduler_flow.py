@@ -162,3 +162,17 @@ def test_the_queue_cap_rejects_with_sglangs_message() -> None:
     q = make_req("b", 10)
     assert not sched.add_request(q)
     assert q.finished_reason.message == "The request queue is full." and q.finished_reason.status_code == 503
+
+
+def test_a_request_that_can_never_pass_admission_is_ended_not_left_waiting() -> None:
+    # Cache disabled, ignore_eos: max_new is capped to 1000 − 100 − 1 − 1 = 898, and the
+    # future-occupancy check needs (1000 − 101) − 898 = 1 > 1 free at the end: it never passes.
+    # SGLang would wait forever; kvadmit ends the request with a message saying why.
+    sched = make_scheduler(max_total_tokens=1000, context_len=100_000, disable_radix_cache=True)
+    q = make_req("a", 100, max_new_tokens=5000, ignore_eos=True)
+    ok = make_req("b", 100, max_new_tokens=896, ignore_eos=True)  # 899 − 896 = 3 > 1 passes
+    sched.add_request(q)
+    sched.add_request(ok)
+    batch, _ = step(sched)
+    assert q.finished_reason is not None and "can never be scheduled" in q.finished_reason.message
+    assert batch is not None and [r.rid for r in batch.reqs] == ["b"]

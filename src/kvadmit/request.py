@@ -62,7 +62,6 @@ class Req:
     retraction_count: int = 0
     finished_reason: FinishReason | None = None
     abort_requested: bool = False  # the client aborted it; it ends at its next result
-    stop_requested: int | str | None = None  # a stop string matched (set by the detokenizer side)
 
     @property
     def seqlen(self) -> int:

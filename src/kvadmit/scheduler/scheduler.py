@@ -15,6 +15,7 @@ It never reads a clock and never imports torch; the same inputs give the same de
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -45,6 +46,10 @@ from kvadmit.scheduler.retraction import (
 )
 
 QUEUE_FULL_MESSAGE = "The request queue is full."
+UNSCHEDULABLE_MESSAGE = (
+    "The request can never be scheduled: even with the KV pool empty it does not pass admission. "
+    "Lower max_new_tokens or use a larger pool."
+)
 MAX_NEW_TOKENS_UNSET = 1 << 30
 
 
@@ -97,8 +102,11 @@ class Scheduler:
         context_len: int | None = None,
         eos_token_ids: frozenset[int] = frozenset(),
         token_pool: TokenPool | None = None,
+        stop_checker: Callable[[Req], str | None] | None = None,
     ) -> None:
-        """`token_pool` replaces the default pool of max_total_tokens slots in pages of --page-size (the
+        """`stop_checker(req)` is asked after each new token whether a stop string now ends the
+        request's text (the tokenizer lives above the scheduler); it returns the string or None.
+        `token_pool` replaces the default pool of max_total_tokens slots in pages of --page-size (the
         snapshot builder passes one with single-token pages, to hold arbitrary token counts)."""
         pool_size = max_total_tokens if max_total_tokens is not None else args.max_total_tokens
         if token_pool is None and (pool_size is None or pool_size <= 0):
@@ -123,6 +131,7 @@ class Scheduler:
         # The longest sequence a request may reach (SGLang: min(context_len − 1, pool − 1)).
         self.max_req_len = min(self.context_len - 1, self.max_total_num_tokens - 1)
         self.eos_token_ids = eos_token_ids
+        self.stop_checker = stop_checker
 
         cache_cls = NoPrefixCache if args.disable_radix_cache else RadixCache
         self.cache: RadixCache = cache_cls(self.pool, args.page_size)
@@ -220,6 +229,13 @@ class Scheduler:
         """
         batch = self._one_pass()
         if batch is None and self.waiting and not self.running.batch_is_full:
+            batch = self._one_pass()
+        while batch is None and self.waiting and not self.running.reqs and self.chunked_req is None:
+            # The pool is as empty as it will ever be and the head of the queue still does not fit.
+            # SGLang would wait forever here (e.g. an ignore_eos request with --disable-radix-cache whose
+            # max_new_tokens is at the memory cap fails the future-occupancy check); we end it instead.
+            self._reject(self.waiting.pop(0), UNSCHEDULABLE_MESSAGE, 400)
+            self.running.batch_is_full = False
             batch = self._one_pass()
         return batch
 
@@ -526,8 +542,10 @@ class Scheduler:
             return FinishReason(FinishKind.LENGTH, matched=None)
         if not s.ignore_eos and token in s.stop_token_ids and len(req.output_ids) >= s.min_new_tokens:
             return FinishReason(FinishKind.STOP, matched=token)
-        if req.stop_requested:
-            return FinishReason(FinishKind.STOP, matched=req.stop_requested)
+        if self.stop_checker is not None:
+            matched = self.stop_checker(req)
+            if matched is not None:
+                return FinishReason(FinishKind.STOP, matched=matched)
         return None
 
     def _finish(self, req: Req, reason: FinishReason, outcome: StepOutcome) -> None:
