@@ -149,6 +149,7 @@ class Scheduler:
         self._seq = 0
         self.events: list[Event] = []
         self.last_retract_result: RetractResult | None = None
+        self._running_has_finished = False  # a running request ended since the last filter
 
     def _new_running_batch(self, reqs: list[Req] | None = None) -> RunningBatch:
         return RunningBatch(
@@ -381,10 +382,10 @@ class Scheduler:
     def _update_running_batch(self) -> ScheduledBatch | None:
         running = self.running
         initial_bs = len(running.reqs)
-        live = [r for r in running.reqs if not r.finished]
-        if len(live) < initial_bs:
-            running.replace(live)
-        if not live:
+        if self._running_has_finished:
+            running.replace([r for r in running.reqs if r.finished_reason is None])
+            self._running_has_finished = False
+        if not running.reqs:
             running.batch_is_full = False
             return None
 
@@ -509,9 +510,23 @@ class Scheduler:
 
     def _process_decode(self, batch: ScheduledBatch, tokens: list[int], outcome: StepOutcome) -> None:
         running = self.running
+        clip = running.clip
+        stop_checker = self.stop_checker
+        emitted = outcome.tokens
+        # The hot loop of a decode step: one token per running request. The full finish check runs
+        # only when a finish is possible (length, stop token, abort, or a stop-string checker).
         for req, token in zip(batch.reqs, tokens, strict=True):
-            running.before_new_token(req)
-            self._append_token(req, token, outcome)
+            s = req.sampling
+            remaining = s.max_new_tokens - len(req.output_ids)
+            if remaining <= clip:
+                running.before_new_token(req)
+            req.output_ids.append(token)
+            emitted.append((req, token))
+            if remaining <= 1 or token in s.stop_token_ids or req.abort_requested or stop_checker is not None:
+                reason = self._check_finished(req, token)
+                if reason is not None:
+                    self._finish(req, reason, outcome)
+                    self._running_has_finished = True
         self.forward_ct_decode = (self.forward_ct_decode + 1) % (1 << 30)
         self._generated_since_log += len(batch.reqs)
         if self.forward_ct_decode % self.args.decode_log_interval == 0:
