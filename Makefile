@@ -22,7 +22,8 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 
 serve: $(STAMP)
-	$(BIN)/kvadmit serve
+	@echo "kvadmit serve is not built yet (issues #4 and #5); try: $(BIN)/kvadmit capacity --help" >&2
+	@exit 1
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/scheduler_overhead.py
