@@ -35,6 +35,8 @@ class VersionProfile:
     last_request_oom: LastRequestOom
     # The `#pending-token` field of the Prefill batch line appeared after 0.5.10.
     prefill_log_has_pending_token: bool
+    # `#new-token` counts raw extend lengths since the PrefillBudget refactor; 0.5.10 counted page-ceiled.
+    log_raw_input_tokens: bool
 
 
 PROFILE_0_5_22 = VersionProfile(
@@ -44,6 +46,7 @@ PROFILE_0_5_22 = VersionProfile(
     input_budget_check_with_chunking=False,
     last_request_oom="abort",
     prefill_log_has_pending_token=True,
+    log_raw_input_tokens=True,
 )
 
 # "classic": the flat PrefillAdder of 0.5.10 (used for every release from 0.5.10 up to 0.5.21).
@@ -54,6 +57,7 @@ PROFILE_CLASSIC = VersionProfile(
     input_budget_check_with_chunking=True,
     last_request_oom="abort",
     prefill_log_has_pending_token=False,
+    log_raw_input_tokens=False,
 )
 
 

@@ -227,6 +227,10 @@ def build_scheduler(snap: Snapshot) -> Scheduler:
         filler = snap.evictable_tokens - claimed
         if filler:
             cache.insert(_tokens(-(filler + 1), filler), pool.alloc_extend([], filler))
+    elif snap.evictable_tokens:
+        # A disabled cache reports nothing evictable, yet the snapshot's free count excludes these
+        # tokens (free = pool − holdings − evictable): hold them aside.
+        pool.alloc_extend([], snap.evictable_tokens)
     stride = 1 << 40  # token-id space per request
     reqs: list[Req] = []
     for i, spec in enumerate(snap.waiting):

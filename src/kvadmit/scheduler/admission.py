@@ -192,7 +192,7 @@ class AdmissionPass:
         if self.rem_chunk_tokens is not None:
             self.rem_chunk_tokens -= e
         self.log_hit_tokens += prefix_len
-        self.log_input_tokens += extend if self.profile.name == "0.5.22" else e
+        self.log_input_tokens += extend if self.profile.log_raw_input_tokens else e
 
     # ----- the in-flight chunked request -------------------------------------------------------
     def add_chunked_req(self, req: Req) -> Req | None:
