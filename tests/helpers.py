@@ -36,3 +36,14 @@ def step(sched: Scheduler, token: int = 7) -> tuple[object, object]:
     out = sched.on_batch_done(batch, [token] * len(batch.reqs))
     sched.check_invariants()
     return batch, out
+
+
+def drain(sched: Scheduler, max_steps: int = 100_000) -> list[object]:
+    """Run until nothing is left to do; return every event the scheduler emitted."""
+    events: list[object] = []
+    for _ in range(max_steps):
+        batch, _ = step(sched)
+        events.extend(sched.drain_events())
+        if batch is None:
+            return events
+    raise AssertionError(f"still busy after {max_steps} steps")

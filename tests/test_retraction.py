@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from helpers import make_req, make_scheduler, step
+from helpers import drain, make_req, make_scheduler
 from kvadmit.capacity.answer import answer_decode
 from kvadmit.capacity.snapshot import parse_snapshot
 from kvadmit.config import SchedulerKnobs
@@ -117,12 +117,7 @@ def test_in_a_running_server_retraction_requeues_and_every_request_ends_once() -
     reqs = [make_req(f"q{i}", 100, max_new_tokens=250) for i in range(4)]
     for q in reqs:
         sched.add_request(q)
-    events = []
-    for _ in range(5000):
-        batch, _ = step(sched)
-        events.extend(sched.drain_events())
-        if batch is None:
-            break
+    events = drain(sched)
     retractions = [e for e in events if isinstance(e, Retraction)]
     assert retractions, "the pool must fill"
     assert all(q.finished_reason is not None for q in reqs)
@@ -140,12 +135,7 @@ def test_forced_retraction_every_third_batch_prints_testing_retraction() -> None
     )
     for i in range(3):
         sched.add_request(make_req(f"q{i}", 50, max_new_tokens=20))
-    events = []
-    for _ in range(500):
-        batch, _ = step(sched)
-        events.extend(sched.drain_events())
-        if batch is None:
-            break
+    events = drain(sched)
     forced = [e for e in events if isinstance(e, Retraction)]
     assert forced and all(e.forced for e in forced)
     assert all(len(e.rids) <= 1 for e in forced)  # memory is fine: exactly one victim each time

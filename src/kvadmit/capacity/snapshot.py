@@ -128,6 +128,14 @@ def _server_args(server: dict[str, Any]) -> ServerArgs:
         raise SnapshotError(f"server: {e}") from None
 
 
+def _requests(data: dict[str, Any], key: str) -> list[tuple[str, dict[str, Any]]]:
+    """(where, object) for each request of the `key` list."""
+    items = data.get(key, [])
+    if not isinstance(items, list):
+        raise SnapshotError(f"{key} must be a list of requests")
+    return [(f"{key}[{i}]", _object(item, f"{key}[{i}]")) for i, item in enumerate(items)]
+
+
 def parse_snapshot(data: Any) -> Snapshot:
     """Validate a decoded JSON snapshot (optionally wrapped as {"snapshot": {...}})."""
     data = _object(data, "the snapshot")
@@ -141,29 +149,18 @@ def parse_snapshot(data: Any) -> Snapshot:
     if check not in ("admission", "decode"):
         raise SnapshotError(f'check must be "admission" or "decode", got {check!r}')
     seen: set[str] = set()
-    running = []
-    raw_running = data.get("running", [])
-    if not isinstance(raw_running, list):
-        raise SnapshotError("running must be a list of requests")
-    for i, item in enumerate(raw_running):
-        where = f"running[{i}]"
-        item = _object(item, where)
-        running.append(
-            RunningSpec(
-                rid=_rid(item, where, seen),
-                prompt_len=_int(item, "prompt_len", where, minimum=1),
-                output_len=_int(item, "output_len", where, default=0),
-                max_new_tokens=_int(item, "max_new_tokens", where, minimum=0),
-                ignore_eos=_bool(item, "ignore_eos", where),
-            )
+    running = [
+        RunningSpec(
+            rid=_rid(item, where, seen),
+            prompt_len=_int(item, "prompt_len", where, minimum=1),
+            output_len=_int(item, "output_len", where, default=0),
+            max_new_tokens=_int(item, "max_new_tokens", where, minimum=0),
+            ignore_eos=_bool(item, "ignore_eos", where),
         )
+        for where, item in _requests(data, "running")
+    ]
     waiting = []
-    raw_waiting = data.get("waiting", [])
-    if not isinstance(raw_waiting, list):
-        raise SnapshotError("waiting must be a list of requests")
-    for i, item in enumerate(raw_waiting):
-        where = f"waiting[{i}]"
-        item = _object(item, where)
+    for where, item in _requests(data, "waiting"):
         spec = WaitingSpec(
             rid=_rid(item, where, seen),
             prompt_len=_int(item, "prompt_len", where, minimum=1),
