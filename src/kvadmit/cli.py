@@ -58,7 +58,7 @@ def add_scheduler_flags(p: argparse.ArgumentParser, *, pool_required: bool = Fal
 
 def server_args_from(ns: argparse.Namespace) -> ServerArgs:
     try:
-        return ServerArgs(
+        args = ServerArgs(
             max_total_tokens=ns.max_total_tokens,
             page_size=ns.page_size,
             schedule_conservativeness=ns.schedule_conservativeness,
@@ -75,8 +75,10 @@ def server_args_from(ns: argparse.Namespace) -> ServerArgs:
             sglang_version=ns.sglang_version,
             knobs=SchedulerKnobs.from_environ(),
         )
+        args.check_startup()
     except ConfigError as e:
         raise UsageError(str(e)) from None
+    return args
 
 
 def _capacity_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -241,6 +241,15 @@ class ServerArgs:
             raise ConfigError(f"--context-length must be at least 2, got {self.context_length}")
         version_profile(self.sglang_version)  # raises ConfigError for a malformed version
 
+    def check_startup(self) -> None:
+        """What SGLang asserts when a server starts, beyond single-field checks. (Snapshots skip this:
+        the admission arithmetic is defined for any combination, and a snapshot only asks about it.)"""
+        chunk = self.chunked_prefill_size
+        if chunk is not None and chunk > 0 and chunk % self.page_size:
+            raise ConfigError(
+                f"--chunked-prefill-size {chunk} must be a multiple of --page-size {self.page_size}"
+            )
+
     @property
     def profile(self) -> VersionProfile:
         return version_profile(self.sglang_version)

@@ -34,6 +34,8 @@ class TokenPool:
         return (len(self._returned) + self.num_pages - self._fresh) * self.page_size
 
     def _take_pages(self, n: int) -> list[int]:
+        if n <= 0:
+            return []  # (and never slice [-0:], which would be the whole free list)
         if n > len(self._returned) + self.num_pages - self._fresh:
             raise OutOfSlots(f"asked for {n} pages, {self.available_size() // self.page_size} free")
         taken: list[int] = []

@@ -89,6 +89,11 @@ class AdmissionRecord:
 
 @dataclass(slots=True)
 class StepOutcome:
+    """What one step did. `finished` lists every request that ended in the step, client aborts
+    included. Aborts also appear as RequestAborted events (for logs and metrics), and aborts outside a
+    step (at arrival, queue full, the last request of a retraction) appear only there: a consumer
+    answers each request once, when it first hears of its end (the Engine does)."""
+
     tokens: list[tuple[Req, int]] = field(default_factory=list)  # tokens appended, in batch order
     finished: list[Req] = field(default_factory=list)  # requests that ended in this step
 
@@ -214,7 +219,12 @@ class Scheduler:
                 del self.waiting[i]
                 self._reject(req, "Aborted by the client.", 499)
                 return True
-        for req in [*self.running.reqs, *([self.chunked_req] if self.chunked_req else [])]:
+        in_flight = [*self.running.reqs]
+        if self.chunked_req is not None:
+            in_flight.append(self.chunked_req)
+        if self.last_batch is not None and self.last_batch.kind == "prefill":
+            in_flight.extend(self.last_batch.reqs)  # prefilled, not yet merged into the running batch
+        for req in in_flight:
             if req.rid == rid and not req.finished:
                 req.abort_requested = True
                 return True
@@ -229,7 +239,9 @@ class Scheduler:
         pass here rather than return None while work is waiting.
         """
         batch = self._one_pass()
-        if batch is None and self.waiting and not self.running.batch_is_full:
+        if batch is None and (
+            (self.waiting and not self.running.batch_is_full) or self.chunked_req is not None
+        ):
             batch = self._one_pass()
         while batch is None and self.waiting and not self.running.reqs and self.chunked_req is None:
             # The pool is as empty as it will ever be and the head of the queue still does not fit.
