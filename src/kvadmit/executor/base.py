@@ -1,0 +1,17 @@
+"""The executor protocol: run one scheduled batch, return one sampled token per request and how long
+the step took. The torch executor measures its time; the simulated one predicts it."""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Protocol
+
+from kvadmit.scheduler.scheduler import ScheduledBatch
+
+
+class StepResult(NamedTuple):
+    next_token_ids: list[int]  # one per request, in batch order
+    seconds: float  # the step's duration (predicted or measured)
+
+
+class Executor(Protocol):
+    def run(self, batch: ScheduledBatch) -> StepResult: ...

@@ -1,0 +1,39 @@
+"""The simulated executor: no model, a predicted step time, and outputs that end where the workload says.
+
+Each request has a true output length. Under ignore_eos that is max_new_tokens; otherwise the request's
+token number `true_len` is EOS, so the scheduler sees it stop early exactly as a real model would.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from kvadmit.executor.base import StepResult
+from kvadmit.executor.costmodel import CostModel
+from kvadmit.scheduler.scheduler import ScheduledBatch
+
+EOS_TOKEN_ID = 2
+TEXT_TOKEN_ID = 1000  # what every non-final simulated token is
+
+
+class SimulatedExecutor:
+    def __init__(self, cost: CostModel, true_output_len: Mapping[str, int], eos_token_id: int = EOS_TOKEN_ID):
+        self.cost = cost
+        self.true_output_len = true_output_len  # rid → tokens it generates before EOS (EOS included)
+        self.eos = eos_token_id
+
+    def _token(self, rid: str, produced: int) -> int:
+        """The token number produced + 1 of request rid."""
+        true_len = self.true_output_len.get(rid)
+        return self.eos if true_len is not None and produced + 1 >= true_len else TEXT_TOKEN_ID
+
+    def run(self, batch: ScheduledBatch) -> StepResult:
+        tokens = [self._token(r.rid, len(r.output_ids)) for r in batch.reqs]
+        if batch.kind == "prefill":
+            new = sum(r.extend_input_len for r in batch.reqs)
+            cached = sum(r.prefix_len for r in batch.reqs)
+            seconds = self.cost.prefill.seconds(len(batch.reqs), new, cached)
+        else:
+            kv = sum(len(r.kv) for r in batch.reqs) if self.cost.decode.per_kv_token_ms else 0
+            seconds = self.cost.decode.seconds(len(batch.reqs), kv)
+        return StepResult(tokens, seconds)
