@@ -128,6 +128,141 @@ def _run_capacity(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _simulate_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "simulate",
+        help="the scheduler on a virtual clock: SGLang's log lines and bench_serving's summary",
+        description="Simulate a benchmark run against SGLang's scheduler on a predicted GPU: the same "
+        "admission, ratio and retraction decisions, a cost model for step times, a bench_serving-like "
+        "client. Prints SGLang's log lines, then bench_serving's summary block.",
+    )
+    add_scheduler_flags(p)
+    w = p.add_argument_group("workload (bench_serving's flags)")
+    w.add_argument("--backend", default="sglang", help="the name printed in the summary")
+    w.add_argument("--num-prompts", type=int, default=1000)
+    w.add_argument("--random-input-len", type=int, default=1024)
+    w.add_argument("--random-output-len", type=int, default=1024)
+    w.add_argument("--random-range-ratio", type=float, default=0.0)
+    w.add_argument("--request-rate", type=float, default=float("inf"))
+    w.add_argument("--max-concurrency", type=int, default=None)
+    w.add_argument("--disable-ignore-eos", action="store_true")
+    w.add_argument("--seed", type=int, default=42)
+    w.add_argument("--warmup-requests", type=int, default=1)
+    w.add_argument("--vocab-size", type=int, default=32000, help="for random-ids prompts")
+    w.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=None,
+        help="clients ask for this many tokens (they still stop at their drawn length)",
+    )
+    w.add_argument(
+        "--stop-distribution",
+        choices=("uniform", "full"),
+        default="uniform",
+        help="without ignore_eos: stop uniformly in [1, max_new_tokens], or at the drawn length",
+    )
+    w.add_argument(
+        "--output-lens-file",
+        metavar="FILE",
+        help="true output lengths, one integer per line (cycled), instead of a distribution",
+    )
+    c = p.add_argument_group("cost model")
+    c.add_argument("--decode-step-ms", type=float, default=20.0)
+    c.add_argument("--prefill-throughput", type=float, default=10_000.0, help="prefill tokens/s")
+    c.add_argument("--cost-model", metavar="FILE", help="a JSON cost model (see executor/costmodel.py)")
+    o = p.add_argument_group("output")
+    o.add_argument("--quiet", action="store_true", help="print the summary only, not the log lines")
+    o.add_argument("--log-file", metavar="FILE", help="write the log lines here instead of stdout")
+    o.add_argument("--trace-requests", metavar="FILE", help="one JSON line per request")
+    o.add_argument("--trace-steps", metavar="FILE", help="one JSON line per step")
+    p.set_defaults(func=_run_simulate)
+
+
+def _run_simulate(ns: argparse.Namespace) -> int:
+    from contextlib import ExitStack
+
+    from kvadmit.bench.summary import render_summary
+    from kvadmit.executor.costmodel import CostModel, CostModelError
+    from kvadmit.sim.run import SimConfig, simulate
+    from kvadmit.sim.workload import WorkloadSpec
+
+    if ns.max_total_tokens is None:
+        raise UsageError("--max-total-tokens is required: the simulated GPU's KV pool size in tokens")
+    if ns.max_concurrency is not None and ns.max_concurrency <= 0:
+        raise UsageError(f"--max-concurrency must be a positive integer, got {ns.max_concurrency}")
+    if not ns.request_rate > 0:
+        raise UsageError(f"--request-rate must be > 0 (or inf), got {ns.request_rate}")
+    if ns.warmup_requests < 0:
+        raise UsageError(f"--warmup-requests must be ≥ 0, got {ns.warmup_requests}")
+    args = server_args_from(ns)
+    try:
+        cost = (
+            CostModel.from_file(ns.cost_model)
+            if ns.cost_model
+            else CostModel.simple(ns.decode_step_ms, ns.prefill_throughput)
+        )
+    except CostModelError as e:
+        raise UsageError(str(e)) from None
+    lens = _read_lengths(ns.output_lens_file) if ns.output_lens_file else None
+    workload = WorkloadSpec(
+        num_prompts=ns.num_prompts,
+        input_len=ns.random_input_len,
+        output_len=ns.random_output_len,
+        range_ratio=ns.random_range_ratio,
+        seed=ns.seed,
+        vocab_size=ns.vocab_size,
+        ignore_eos=not ns.disable_ignore_eos,
+        max_new_tokens=ns.max_new_tokens,
+        stop=ns.stop_distribution,
+        output_lens=lens,
+    )
+    try:
+        workload.validate()
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    cfg = SimConfig(
+        args=args,
+        workload=workload,
+        cost=cost,
+        request_rate=ns.request_rate,
+        max_concurrency=ns.max_concurrency,
+        warmup_requests=ns.warmup_requests,
+        context_len=ns.context_length or 32768,
+        backend=ns.backend,
+    )
+    with ExitStack() as stack:
+        try:
+            log = stack.enter_context(open(ns.log_file, "w", encoding="utf-8")) if ns.log_file else sys.stdout
+            requests = stack.enter_context(open(ns.trace_requests, "w")) if ns.trace_requests else None
+            steps = stack.enter_context(open(ns.trace_steps, "w")) if ns.trace_steps else None
+        except OSError as e:
+            raise UsageError(f"cannot write {e.filename!r}: {e.strerror}") from None
+        emit = None if ns.quiet else (lambda line: log.write(line + "\n"))
+        result = simulate(cfg, emit_log=emit, request_trace=requests, step_trace=steps)
+    print(
+        render_summary(
+            result.metrics,
+            backend=ns.backend,
+            request_rate=ns.request_rate,
+            max_concurrency=ns.max_concurrency,
+            duration_s=result.duration_s,
+        )
+    )
+    return 0
+
+
+def _read_lengths(path: str) -> tuple[int, ...]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            words = f.read().split()
+    except OSError as e:
+        raise UsageError(f"cannot read {path!r}: {e.strerror}") from None
+    try:
+        return tuple(int(w) for w in words)
+    except ValueError:
+        raise UsageError(f"{path!r} must hold one positive integer per line") from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="kvadmit", description="Why LLM serving requests wait: SGLang's admission, exactly."
@@ -135,6 +270,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
     _capacity_parser(sub)
+    _simulate_parser(sub)
     return parser
 
 

@@ -14,12 +14,13 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
-from kvadmit.executor.base import Executor
+from kvadmit.executor.base import Executor, StepResult
 from kvadmit.request import Req
 from kvadmit.scheduler.events import Event, RequestAborted
-from kvadmit.scheduler.scheduler import Scheduler
+from kvadmit.scheduler.scheduler import ScheduledBatch, Scheduler
 
 Observer = Callable[[Event, float], None]
+StepObserver = Callable[[ScheduledBatch, StepResult, float], None]
 
 
 class Clock(Protocol):
@@ -31,6 +32,7 @@ class VirtualClock:
     """Simulated time: a step of s seconds moves it by exactly s; nothing waits."""
 
     def __init__(self, start: float = 0.0) -> None:
+        self.t0 = start
         self.t = start
 
     def now(self) -> float:
@@ -66,12 +68,14 @@ class Engine:
         clock: Clock,
         listener: Listener,
         observers: Iterable[Observer] = (),
+        step_observers: Iterable[StepObserver] = (),
     ) -> None:
         self.scheduler = scheduler
         self.executor = executor
         self.clock = clock
         self.listener = listener
         self.observers = list(observers)
+        self.step_observers = list(step_observers)
         self.live: dict[str, Req] = {}  # submitted and not yet ended
 
     def submit(self, req: Req) -> bool:
@@ -98,6 +102,8 @@ class Engine:
         self.clock.advance(result.seconds)
         outcome = self.scheduler.on_batch_done(batch, result.next_token_ids)
         now = self.clock.now()
+        for watch in self.step_observers:
+            watch(batch, result, now)
         on_token = self.listener.on_token
         for req, token in outcome.tokens:
             on_token(req, token, now)

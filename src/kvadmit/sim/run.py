@@ -1,0 +1,187 @@
+"""One simulated benchmark run: server (scheduler + simulated executor on a virtual clock) and a
+bench_serving-like client, printing SGLang's log lines and returning what bench_serving would report."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import IO
+
+from kvadmit.bench.metrics import BenchmarkMetrics, RequestOutcome, calculate_metrics
+from kvadmit.config import ServerArgs
+from kvadmit.engine import Engine, VirtualClock
+from kvadmit.executor.base import StepResult
+from kvadmit.executor.costmodel import CostModel
+from kvadmit.executor.simulated import EOS_TOKEN_ID, SimulatedExecutor
+from kvadmit.observe.sglang_log import SGLangLogWriter
+from kvadmit.scheduler.events import Event, Retraction, StartupInfo
+from kvadmit.scheduler.scheduler import ScheduledBatch, Scheduler
+from kvadmit.sim.client import SimClient
+from kvadmit.sim.workload import WorkloadSpec, build_workload
+
+DEFAULT_START = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+
+class SimulationStalled(RuntimeError):
+    """Requests are in flight but the scheduler has nothing to run (a bug if it ever happens)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    args: ServerArgs
+    workload: WorkloadSpec
+    cost: CostModel
+    request_rate: float = float("inf")
+    max_concurrency: int | None = None
+    warmup_requests: int = 1
+    context_len: int = 32768
+    backend: str = "sglang"
+    start: datetime = DEFAULT_START
+
+
+@dataclass(slots=True)
+class SimResult:
+    outcomes: list[RequestOutcome]
+    duration_s: float
+    metrics: BenchmarkMetrics
+    retractions: int
+    steps: int
+    finished_rids: list[str] = field(default_factory=list)
+
+
+def simulate(
+    cfg: SimConfig,
+    emit_log: Callable[[str], None] | None = None,
+    request_trace: IO[str] | None = None,
+    step_trace: IO[str] | None = None,
+) -> SimResult:
+    specs, rng = build_workload(cfg.workload)
+    scheduler = Scheduler(cfg.args, context_len=cfg.context_len, eos_token_ids=frozenset({EOS_TOKEN_ID}))
+    clock = VirtualClock(cfg.start.timestamp())
+    client = SimClient(None, clock, cfg.workload.vocab_size, cfg.max_concurrency)
+    executor = SimulatedExecutor(cfg.cost, client.true_output_len)
+    observers: list[Callable[[Event, float], None]] = []
+    retractions = 0
+
+    def count(event: Event, now: float) -> None:
+        nonlocal retractions
+        if isinstance(event, Retraction) and not event.forced:
+            retractions += 1
+
+    observers.append(count)
+    if emit_log is not None:
+        writer = SGLangLogWriter(
+            emit_log,
+            start_time=clock.now(),
+            pending_token_field=scheduler.profile.prefill_log_has_pending_token,
+            to_datetime=lambda t: datetime.fromtimestamp(t, timezone.utc),
+        )
+        observers.append(writer.handle)
+        chunk = cfg.args.chunked_prefill_size
+        writer.handle(
+            StartupInfo(
+                max_total_num_tokens=scheduler.max_total_num_tokens,
+                chunked_prefill_size=chunk if chunk is not None else scheduler.chunked_prefill_size or -1,
+                max_prefill_tokens=cfg.args.max_prefill_tokens,
+                max_running_requests=scheduler.max_running_requests,
+                context_len=scheduler.context_len,
+                available_mem_gb=0.0,
+            ),
+            clock.now(),
+        )
+    step_observers = []
+    if step_trace is not None:
+
+        def trace(batch: ScheduledBatch, result: StepResult, now: float) -> None:
+            assert step_trace is not None
+            step_trace.write(json.dumps(_step_row(scheduler, batch, result, now - clock.t0)) + "\n")
+
+        step_observers.append(trace)
+    engine = Engine(scheduler, executor, clock, client, observers, step_observers)
+    client.engine = engine
+    steps = 0
+
+    def run_until_idle() -> None:
+        nonlocal steps
+        while True:
+            client.send_due()
+            if engine.step():
+                steps += 1
+                continue
+            nxt = client.next_arrival()
+            if nxt is not None:
+                clock.advance_to(nxt)
+                continue
+            if client.flights:
+                raise SimulationStalled(f"{len(client.flights)} requests in flight, nothing to run")
+            return
+
+    # Warm-up: the first request's prompt, at most 32 output tokens, behind the same concurrency limit.
+    if cfg.warmup_requests > 0:
+        first = specs[0]
+        warm = type(first)(
+            first.index, first.prompt_len, first.output_len, min(first.output_len, 32), None,
+            first.ignore_eos, first.offset,
+        )  # fmt: skip
+        for k in range(cfg.warmup_requests):
+            client.schedule(clock.now(), warm, None, f"warmup-{k}")
+        run_until_idle()
+        clock.advance(1.0)  # bench_serving sleeps a second before the measured run
+
+    start = clock.now()
+    outcomes = [RequestOutcome(prompt_len=s.prompt_len) for s in specs]
+    arrival = start
+    for spec, outcome in zip(specs, outcomes, strict=True):
+        client.schedule(arrival, spec, outcome, f"req-{spec.index}")
+        if cfg.request_rate != float("inf"):
+            arrival += float(rng.exponential(1.0 / cfg.request_rate))
+    run_until_idle()
+    duration = max((o.start_time + o.latency for o in outcomes), default=start) - start
+    if request_trace is not None:
+        for spec, o in zip(specs, outcomes, strict=True):
+            request_trace.write(
+                json.dumps(
+                    {
+                        "rid": f"req-{spec.index}",
+                        "arrival": round(o.start_time - start, 6),
+                        "prompt_len": spec.prompt_len,
+                        "max_new_tokens": spec.max_new_tokens,
+                        "output_len": o.output_len,
+                        "true_output_len": spec.true_output_len,
+                        "ignore_eos": spec.ignore_eos,
+                        "success": o.success,
+                        "ttft": round(o.ttft, 6),
+                        "latency": round(o.latency, 6),
+                        "error": o.error,
+                    }
+                )
+                + "\n"
+            )
+    return SimResult(
+        outcomes=outcomes,
+        duration_s=duration,
+        metrics=calculate_metrics(outcomes, duration),
+        retractions=retractions,
+        steps=steps,
+        finished_rids=[r.rid for r, _ in client.finished],
+    )
+
+
+def _step_row(sched: Scheduler, batch: ScheduledBatch, result: StepResult, t: float) -> dict[str, object]:
+    """One row of the per-step trace: what ran, how long it took, and the state after it."""
+    return {
+        "t": round(t, 6),
+        "kind": batch.kind,
+        "batch_size": len(batch.reqs),
+        "new_tokens": sum(r.extend_input_len for r in batch.reqs)
+        if batch.kind == "prefill"
+        else len(batch.reqs),
+        "cached_tokens": sum(r.prefix_len for r in batch.reqs) if batch.kind == "prefill" else 0,
+        "seconds": round(result.seconds, 9),
+        "running": len(sched.running.reqs),
+        "queue": len(sched.waiting),
+        "used_tokens": sched.num_used_tokens(),
+        "new_token_ratio": sched.ratio.current,
+    }

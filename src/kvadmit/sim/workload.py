@@ -1,0 +1,86 @@
+"""Workloads as bench_serving draws them (reference §7), plus where each request really stops.
+
+Lengths come from numpy's legacy generator seeded with --seed, in bench_serving's order: input lengths,
+output lengths, then random-ids token offsets, then (with a finite --request-rate) Poisson gaps. Where a
+request stops under --disable-ignore-eos is drawn from a second generator, so it never shifts those.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+STOP_DISTRIBUTIONS = ("uniform", "full")
+
+
+@dataclass(frozen=True, slots=True)
+class SimRequest:
+    index: int
+    prompt_len: int
+    output_len: int  # the dataset's output length (bench_serving's `output_len`)
+    max_new_tokens: int  # what the client asks for
+    true_output_len: int | None  # the token that is EOS (None: it never stops early)
+    ignore_eos: bool
+    offset: int  # random-ids: token j of the prompt is (offset + index + j) % vocab_size
+
+    def prompt(self, vocab_size: int) -> list[int]:
+        start = self.offset + self.index
+        return [(start + j) % vocab_size for j in range(self.prompt_len)]
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadSpec:
+    num_prompts: int = 1000
+    input_len: int = 1024
+    output_len: int = 1024
+    range_ratio: float = 0.0
+    seed: int = 42
+    vocab_size: int = 32000
+    ignore_eos: bool = True
+    max_new_tokens: int | None = None  # ask for this instead of the dataset's output length
+    stop: str = "uniform"  # without ignore_eos, where a request stops: uniform in [1, max_new] or "full"
+    output_lens: tuple[int, ...] | None = None  # true output lengths from a file (cycled)
+
+    def validate(self) -> None:
+        if self.num_prompts <= 0:
+            raise ValueError(f"--num-prompts must be positive, got {self.num_prompts}")
+        if self.input_len <= 0 or self.output_len <= 0:
+            raise ValueError("--random-input-len and --random-output-len must be positive")
+        if not 0.0 <= self.range_ratio <= 1.0:
+            raise ValueError(f"--random-range-ratio must be within [0, 1], got {self.range_ratio}")
+        if self.max_new_tokens is not None and self.max_new_tokens <= 0:
+            raise ValueError(f"--max-new-tokens must be positive, got {self.max_new_tokens}")
+        if self.stop not in STOP_DISTRIBUTIONS:
+            raise ValueError(f"--stop-distribution must be one of {', '.join(STOP_DISTRIBUTIONS)}")
+        if self.output_lens is not None and (not self.output_lens or min(self.output_lens) <= 0):
+            raise ValueError("the output-length file must list positive integers")
+
+
+def _random_lens(rng: np.random.RandomState, full_len: int, ratio: float, n: int) -> list[int]:
+    return rng.randint(max(int(full_len * ratio), 1), full_len + 1, size=n).tolist()
+
+
+def build_workload(spec: WorkloadSpec) -> tuple[list[SimRequest], np.random.RandomState]:
+    """The requests, and the generator positioned where bench_serving draws its Poisson gaps."""
+    spec.validate()
+    rng = np.random.RandomState(spec.seed)
+    input_lens = _random_lens(rng, spec.input_len, spec.range_ratio, spec.num_prompts)
+    output_lens = _random_lens(rng, spec.output_len, spec.range_ratio, spec.num_prompts)
+    offsets = rng.randint(0, spec.vocab_size, size=spec.num_prompts).tolist()
+    stops = np.random.RandomState(spec.seed + 1)
+    reqs = []
+    for i in range(spec.num_prompts):
+        asked = spec.max_new_tokens if spec.max_new_tokens is not None else output_lens[i]
+        true_len: int | None = None
+        if not spec.ignore_eos:
+            if spec.output_lens is not None:
+                true_len = spec.output_lens[i % len(spec.output_lens)]
+            elif spec.max_new_tokens is not None or spec.stop == "full":
+                true_len = output_lens[i]  # asks for more than it uses
+            else:
+                true_len = int(stops.randint(1, asked + 1))
+        reqs.append(
+            SimRequest(i, input_lens[i], output_lens[i], asked, true_len, spec.ignore_eos, offsets[i])
+        )
+    return reqs, rng
