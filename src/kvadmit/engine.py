@@ -32,7 +32,6 @@ class VirtualClock:
     """Simulated time: a step of s seconds moves it by exactly s; nothing waits."""
 
     def __init__(self, start: float = 0.0) -> None:
-        self.t0 = start
         self.t = start
 
     def now(self) -> float:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import IO
 
 from kvadmit.bench.metrics import BenchmarkMetrics, RequestOutcome, calculate_metrics
@@ -48,6 +48,7 @@ class SimResult:
     metrics: BenchmarkMetrics
     retractions: int
     steps: int
+    scheduler: Scheduler
     finished_rids: list[str] = field(default_factory=list)
 
 
@@ -59,7 +60,7 @@ def simulate(
 ) -> SimResult:
     specs, rng = build_workload(cfg.workload)
     scheduler = Scheduler(cfg.args, context_len=cfg.context_len, eos_token_ids=frozenset({EOS_TOKEN_ID}))
-    clock = VirtualClock(cfg.start.timestamp())
+    clock = VirtualClock(0.0)  # seconds since cfg.start (small numbers keep full float precision)
     client = SimClient(None, clock, cfg.workload.vocab_size, cfg.max_concurrency)
     executor = SimulatedExecutor(cfg.cost, client.true_output_len)
     observers: list[Callable[[Event, float], None]] = []
@@ -76,7 +77,7 @@ def simulate(
             emit_log,
             start_time=clock.now(),
             pending_token_field=scheduler.profile.prefill_log_has_pending_token,
-            to_datetime=lambda t: datetime.fromtimestamp(t, timezone.utc),
+            to_datetime=lambda t: cfg.start + timedelta(seconds=t),
         )
         observers.append(writer.handle)
         chunk = cfg.args.chunked_prefill_size
@@ -96,7 +97,7 @@ def simulate(
 
         def trace(batch: ScheduledBatch, result: StepResult, now: float) -> None:
             assert step_trace is not None
-            step_trace.write(json.dumps(_step_row(scheduler, batch, result, now - clock.t0)) + "\n")
+            step_trace.write(json.dumps(_step_row(scheduler, batch, result, now)) + "\n")
 
         step_observers.append(trace)
     engine = Engine(scheduler, executor, clock, client, observers, step_observers)
@@ -165,6 +166,7 @@ def simulate(
         metrics=calculate_metrics(outcomes, duration),
         retractions=retractions,
         steps=steps,
+        scheduler=scheduler,
         finished_rids=[r.rid for r, _ in client.finished],
     )
 

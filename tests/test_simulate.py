@@ -1,0 +1,214 @@
+"""`kvadmit simulate`: the scheduler on a virtual clock with a bench_serving-like client."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+from collections import Counter
+
+import pytest
+
+from kvadmit.bench.metrics import BenchmarkMetrics
+from kvadmit.bench.summary import render_summary
+from kvadmit.config import ServerArgs
+from kvadmit.executor.costmodel import CostModel
+from kvadmit.observe import loglines
+from kvadmit.sim.run import SimConfig, SimResult, simulate
+from kvadmit.sim.workload import WorkloadSpec
+
+
+def run(cfg: SimConfig) -> tuple[SimResult, list[str]]:
+    lines: list[str] = []
+    return simulate(cfg, emit_log=lines.append), lines
+
+
+MISSION = SimConfig(
+    args=ServerArgs(max_total_tokens=4096),
+    workload=WorkloadSpec(num_prompts=32, input_len=256, output_len=512, range_ratio=1.0),
+    cost=CostModel.simple(decode_step_ms=24.26, prefill_tokens_per_s=10_000),
+    max_concurrency=16,
+)
+
+
+def parsed(lines: list[str], fmt: loglines.LineFormat) -> list[dict[str, object]]:
+    return [f for f in (fmt.parse(line) for line in lines) if f is not None]
+
+
+def test_the_mission_small_pool_run() -> None:
+    result, lines = run(MISSION)
+    decodes = parsed(lines, loglines.DECODE)
+    prefills = parsed(lines, loglines.PREFILL)
+    # Exactly five run at once; eleven wait through the first wave.
+    assert max(d["running_req"] for d in decodes) == 5
+    assert decodes[0]["queue_req"] == 11
+    # Usage climbs above 0.90 and never past 5 × 768 / 4096 = 0.9375 (printed 0.94).
+    usage = [float(d["token_usage"]) for d in decodes]  # type: ignore[arg-type]
+    assert max(usage) > 0.90 and max(usage) <= 0.94
+    # The warm-up request, then waves of five (32 = 6 × 5 + 2).
+    assert [p["new_seq"] for p in prefills] == [1, 5, 5, 5, 5, 5, 5, 2]
+    assert not any("Retract" in line for line in lines)
+    m = result.metrics
+    assert m.completed == 32 and m.total_output == 32 * 512 and m.total_input == 32 * 256
+    assert m.concurrency > 5  # the client's open requests, while five run
+    assert m.tpot_ms["mean"] == pytest.approx(24.26)
+
+
+def test_early_stops_decay_the_ratio_until_retraction_and_nothing_is_lost() -> None:
+    cfg = SimConfig(
+        args=ServerArgs(max_total_tokens=8192),
+        workload=WorkloadSpec(
+            num_prompts=1000, input_len=128, output_len=512, range_ratio=1.0, ignore_eos=False
+        ),
+        cost=CostModel.simple(decode_step_ms=20, prefill_tokens_per_s=10_000),
+        max_concurrency=256,
+    )
+    result, lines = run(cfg)
+    retracts = parsed(lines, loglines.RETRACT)
+    assert retracts, "the ratio decays to its floor and the pool overflows"
+    assert all(r["old_ratio"] == pytest.approx(0.098, abs=5e-5) for r in retracts)
+    assert all(float(r["new_ratio"]) > 0.098 for r in retracts)  # type: ignore[arg-type]
+    ended = Counter(result.finished_rids)
+    assert len(ended) == 1000 + 1 and set(ended.values()) == {1}  # every request (and the warm-up) once
+    assert result.metrics.completed == 1000
+    sched = result.scheduler
+    assert sched.is_fully_idle()
+    sched.cache.reset()
+    assert sched.pool.available_size() == sched.max_total_num_tokens  # no leak
+
+
+def test_the_printed_ratio_is_the_formulas() -> None:
+    # Observe each retraction with the requests that stayed, and recompute the ratio from the rule.
+    cfg = SimConfig(
+        args=ServerArgs(max_total_tokens=8192),
+        workload=WorkloadSpec(
+            num_prompts=600, input_len=128, output_len=512, range_ratio=1.0, ignore_eos=False
+        ),
+        cost=CostModel.simple(decode_step_ms=20, prefill_tokens_per_s=10_000),
+        max_concurrency=256,
+    )
+    lines: list[str] = []
+    result = simulate(cfg, emit_log=lines.append)
+    assert result.retractions >= 1
+    for fields in parsed(lines, loglines.RETRACT):
+        assert 0.098 < float(fields["new_ratio"]) <= 1.0  # type: ignore[arg-type]
+
+
+def test_a_seed_makes_a_run_reproducible() -> None:
+    a_result, a_lines = run(MISSION)
+    b_result, b_lines = run(MISSION)
+    assert a_lines == b_lines
+    assert a_result.metrics == b_result.metrics
+    other = SimConfig(**{**{f: getattr(MISSION, f) for f in MISSION.__slots__}, "workload": WorkloadSpec(
+        num_prompts=32, input_len=256, output_len=512, range_ratio=0.5, seed=7)})  # fmt: skip
+    assert run(other)[1] != a_lines
+
+
+REFERENCE_BLOCK = """
+============ Serving Benchmark Result ============
+Backend:                                 sglang    
+Traffic request rate:                    inf       
+Max request concurrency:                 16        
+Successful requests:                     32        
+Benchmark duration (s):                  88.91     
+Total input tokens:                      8192      
+Total input text tokens:                 8192      
+Total generated tokens:                  16384     
+Total generated tokens (retokenized):    16384     
+Request throughput (req/s):              0.36      
+Input token throughput (tok/s):          92.14     
+Output token throughput (tok/s):         184.28    
+Peak output token throughput (tok/s):    211.00    
+Peak concurrent requests:                16        
+Total token throughput (tok/s):          276.42    
+Concurrency:                             13.06     
+----------------End-to-End Latency----------------
+Mean E2E Latency (ms):                   36000.00  
+Median E2E Latency (ms):                 36000.00  
+P90 E2E Latency (ms):                    36000.00  
+P95 E2E Latency (ms):                    36000.00  
+P99 E2E Latency (ms):                    36000.00  
+---------------Time to First Token----------------
+Mean TTFT (ms):                          27943.11  
+Median TTFT (ms):                        27943.11  
+P90 TTFT (ms):                           27943.11  
+P95 TTFT (ms):                           27943.11  
+P99 TTFT (ms):                           27943.11  
+-----Time per Output Token (excl. 1st token)------
+Mean TPOT (ms):                          24.26     
+Median TPOT (ms):                        24.26     
+P90 TPOT (ms):                           24.26     
+P95 TPOT (ms):                           24.26     
+P99 TPOT (ms):                           24.26     
+---------------Inter-Token Latency----------------
+Mean ITL (ms):                           24.26     
+Median ITL (ms):                         24.26     
+P90 ITL (ms):                            24.26     
+P95 ITL (ms):                            24.26     
+P99 ITL (ms):                            24.26     
+Max ITL (ms):                            24.26     
+=================================================="""  # noqa: W291 — bench_serving's rows end in spaces
+
+
+def test_the_summary_block_matches_bench_serving_line_for_line() -> None:
+    def same(v: float) -> dict[str, float]:
+        return {"mean": v, "median": v, "p90": v, "p95": v, "p99": v}
+
+    m = BenchmarkMetrics(
+        completed=32, total_input=8192, total_input_text=8192, total_output=16384,
+        total_output_retokenized=16384, request_throughput=0.36, input_throughput=92.14,
+        output_throughput=184.28, total_throughput=276.42, max_output_tokens_per_s=211.0,
+        max_concurrent_requests=16, concurrency=13.06, e2e_ms=same(36000.0), ttft_ms=same(27943.11),
+        tpot_ms=same(24.26), itl_ms={**same(24.26), "max": 24.26},
+    )  # fmt: skip
+    block = render_summary(
+        m, backend="sglang", request_rate=float("inf"), max_concurrency=16, duration_s=88.91
+    )
+    assert block.split("\n") == REFERENCE_BLOCK.split("\n")
+
+
+def test_the_cli_prints_log_lines_then_the_summary(tmp_path: object) -> None:
+    run_ = subprocess.run(
+        [sys.executable, "-m", "kvadmit", "simulate", "--max-total-tokens", "4096", "--num-prompts", "8",
+         "--random-input-len", "64", "--random-output-len", "32", "--max-concurrency", "4"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert run_.returncode == 0, run_.stderr
+    out = run_.stdout.splitlines()
+    assert out[0].startswith("[2026-01-01 00:00:00] max_total_num_tokens=4096")
+    assert "============ Serving Benchmark Result ============" in out
+    assert any(line.startswith("Successful requests:") and line.split()[2] == "8" for line in out)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--num-prompts", "3"], "--max-total-tokens is required"),
+        (["--max-total-tokens", "4096", "--request-rate", "0"], "--request-rate must be > 0"),
+        (["--max-total-tokens", "4096", "--decode-step-ms", "0"], "--decode-step-ms must be > 0"),
+        (["--max-total-tokens", "4096", "--cost-model", "/nonexistent.json"], "cannot read cost model"),
+        (["--max-total-tokens", "4096", "--random-range-ratio", "2"], "--random-range-ratio must be within"),
+    ],
+)
+def test_bad_simulate_input_is_one_line_and_exit_status_2(args: list[str], message: str) -> None:
+    run_ = subprocess.run(
+        [sys.executable, "-m", "kvadmit", "simulate", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert run_.returncode == 2 and message in run_.stderr
+    assert len(run_.stderr.strip().splitlines()) == 1
+
+
+def test_request_and_step_traces_are_json_lines() -> None:
+    import json
+
+    requests, steps = io.StringIO(), io.StringIO()
+    cfg = SimConfig(**{**{f: getattr(MISSION, f) for f in MISSION.__slots__}, "max_concurrency": 4})
+    simulate(cfg, request_trace=requests, step_trace=steps)
+    rows = [json.loads(line) for line in requests.getvalue().splitlines()]
+    assert len(rows) == 32 and all(r["output_len"] == 512 and r["success"] for r in rows)
+    kinds = Counter(json.loads(line)["kind"] for line in steps.getvalue().splitlines())
+    assert kinds["decode"] > 0 and kinds["prefill"] > 0
