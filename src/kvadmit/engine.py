@@ -55,7 +55,7 @@ class WallClock:
 
 
 class Listener(Protocol):
-    def on_token(self, req: Req, token: int, now: float) -> None: ...
+    def on_tokens(self, tokens: list[tuple[Req, int]], now: float) -> None: ...
     def on_finish(self, req: Req, now: float) -> None: ...
 
 
@@ -103,9 +103,7 @@ class Engine:
         now = self.clock.now()
         for watch in self.step_observers:
             watch(batch, result, now)
-        on_token = self.listener.on_token
-        for req, token in outcome.tokens:
-            on_token(req, token, now)
+        self.listener.on_tokens(outcome.tokens, now)
         for req in outcome.finished:
             self._ended(req, now)
         self._dispatch(now)

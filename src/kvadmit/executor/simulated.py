@@ -22,13 +22,12 @@ class SimulatedExecutor:
         self.true_output_len = true_output_len  # rid → tokens it generates before EOS (EOS included)
         self.eos = eos_token_id
 
-    def _token(self, rid: str, produced: int) -> int:
-        """The token number produced + 1 of request rid."""
-        true_len = self.true_output_len.get(rid)
-        return self.eos if true_len is not None and produced + 1 >= true_len else TEXT_TOKEN_ID
-
     def run(self, batch: ScheduledBatch) -> StepResult:
-        tokens = [self._token(r.rid, len(r.output_ids)) for r in batch.reqs]
+        # A request's next token is number len(outputs) + 1: EOS once that reaches its true length.
+        stop_at, never, eos = self.true_output_len.get, 1 << 62, self.eos
+        tokens = [
+            eos if stop_at(r.rid, never) <= len(r.output_ids) + 1 else TEXT_TOKEN_ID for r in batch.reqs
+        ]
         if batch.kind == "prefill":
             new = sum(r.extend_input_len for r in batch.reqs)
             cached = sum(r.prefix_len for r in batch.reqs)

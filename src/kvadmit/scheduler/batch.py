@@ -66,6 +66,12 @@ class RunningBatch:
             else:
                 self._sum_ratio -= 1
 
+    def remainders_shrank(self, full: int, ratio: int) -> None:
+        """The decode step's batched form of before_new_token: `full` requests reserving in full and
+        `ratio` others were at or below the clip when they got a token."""
+        self._sum_full -= full
+        self._sum_ratio -= ratio
+
     def fast_reservation(self, ratio: float) -> tuple[float, float]:
         """(Σ reservations, a bound on its distance from SGLang's batch-order float sum)."""
         value = self._sum_full + ratio * self._sum_ratio

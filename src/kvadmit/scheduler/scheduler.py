@@ -523,22 +523,29 @@ class Scheduler:
     def _process_decode(self, batch: ScheduledBatch, tokens: list[int], outcome: StepOutcome) -> None:
         running = self.running
         clip = running.clip
+        full_for_eos = running.full_for_ignore_eos
+        shrank_full = shrank_ratio = 0
         stop_checker = self.stop_checker
         emitted = outcome.tokens
         # The hot loop of a decode step: one token per running request. The full finish check runs
         # only when a finish is possible (length, stop token, abort, or a stop-string checker).
         for req, token in zip(batch.reqs, tokens, strict=True):
             s = req.sampling
-            remaining = s.max_new_tokens - len(req.output_ids)
-            if remaining <= clip:
-                running.before_new_token(req)
-            req.output_ids.append(token)
+            out = req.output_ids
+            remaining = s.max_new_tokens - len(out)
+            if remaining <= clip:  # its reservation (clipped remainder) shrinks by one
+                if full_for_eos and s.ignore_eos:
+                    shrank_full += 1
+                else:
+                    shrank_ratio += 1
+            out.append(token)
             emitted.append((req, token))
             if remaining <= 1 or token in s.stop_token_ids or req.abort_requested or stop_checker is not None:
                 reason = self._check_finished(req, token)
                 if reason is not None:
                     self._finish(req, reason, outcome)
                     self._running_has_finished = True
+        running.remainders_shrank(shrank_full, shrank_ratio)
         self.forward_ct_decode = (self.forward_ct_decode + 1) % (1 << 30)
         self._generated_since_log += len(batch.reqs)
         if self.forward_ct_decode % self.args.decode_log_interval == 0:

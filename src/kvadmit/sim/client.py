@@ -63,15 +63,22 @@ class SimClient:
         return None
 
     # ----- Listener ------------------------------------------------------------------------------
-    def on_token(self, req: Req, token: int, now: float) -> None:
-        flight = self.flights.get(req.rid)
-        if flight is None or flight.outcome is None:
-            return
-        if flight.last_token < 0:
-            flight.outcome.ttft = now - flight.sent
-        else:
-            flight.outcome.itl.append(now - flight.last_token)
-        flight.last_token = now
+    def on_tokens(self, tokens: list[tuple[Req, int]], now: float) -> None:
+        flights = self.flights
+        gap_cache: dict[float, float] = {}  # one float object per distinct gap (ITL lists share them)
+        for req, _ in tokens:
+            flight = flights.get(req.rid)
+            if flight is None or flight.outcome is None:
+                continue
+            last = flight.last_token
+            if last < 0:
+                flight.outcome.ttft = now - flight.sent
+            else:
+                gap = gap_cache.get(last)
+                if gap is None:
+                    gap = gap_cache[last] = now - last
+                flight.outcome.itl.append(gap)
+            flight.last_token = now
 
     def on_finish(self, req: Req, now: float) -> None:
         flight = self.flights.pop(req.rid)
