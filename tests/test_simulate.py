@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import itertools
 import subprocess
 import sys
 from collections import Counter
@@ -212,3 +213,29 @@ def test_request_and_step_traces_are_json_lines() -> None:
     assert len(rows) == 32 and all(r["output_len"] == 512 and r["success"] for r in rows)
     kinds = Counter(json.loads(line)["kind"] for line in steps.getvalue().splitlines())
     assert kinds["decode"] > 0 and kinds["prefill"] > 0
+
+
+def test_token_times_kept_as_decode_runs_equal_a_per_token_record() -> None:
+    # Record every token's time the slow way (each step, each request of the batch) and compare with
+    # the TTFT and ITL gaps the client derives from prefill times and runs of decode steps.
+    per_token: dict[str, list[float]] = {}
+
+    def record(batch: object, result: object, now: float) -> None:
+        for req in batch.reqs:  # type: ignore[attr-defined]
+            if req is not batch.chunked:  # type: ignore[attr-defined]
+                per_token.setdefault(req.rid, []).append(now)
+
+    cfg = SimConfig(
+        args=ServerArgs(max_total_tokens=8192, chunked_prefill_size=256),
+        workload=WorkloadSpec(
+            num_prompts=600, input_len=600, output_len=512, range_ratio=0.1, ignore_eos=False
+        ),
+        cost=CostModel.simple(decode_step_ms=20, prefill_tokens_per_s=10_000),
+        max_concurrency=256,
+    )
+    result = simulate(cfg, watch_steps=(record,))
+    assert result.retractions >= 1  # runs are broken by retraction and re-prefill
+    for i, outcome in enumerate(result.outcomes):
+        times = per_token[f"req-{i}"]
+        assert outcome.ttft == times[0] - outcome.start_time
+        assert list(outcome.itl) == [b - a for a, b in itertools.pairwise(times)]

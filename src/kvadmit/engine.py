@@ -55,7 +55,10 @@ class WallClock:
 
 
 class Listener(Protocol):
-    def on_tokens(self, tokens: list[tuple[Req, int]], now: float) -> None: ...
+    """Hears each step (every request of the batch got a token, but a prefill's unfinished chunk) and
+    each request's end, exactly once."""
+
+    def on_step(self, batch: ScheduledBatch, now: float) -> None: ...
     def on_finish(self, req: Req, now: float) -> None: ...
 
 
@@ -103,7 +106,7 @@ class Engine:
         now = self.clock.now()
         for watch in self.step_observers:
             watch(batch, result, now)
-        self.listener.on_tokens(outcome.tokens, now)
+        self.listener.on_step(batch, now)
         for req in outcome.finished:
             self._ended(req, now)
         self._dispatch(now)

@@ -22,7 +22,7 @@ class RequestOutcome:
     start_time: float = 0.0  # when the client sent it (seconds, any epoch)
     ttft: float = 0.0  # seconds to the first non-empty chunk
     latency: float = 0.0  # seconds to the last byte
-    itl: list[float] = field(default_factory=list)  # gaps between later tokens (per backend's split)
+    itl: Sequence[float] = field(default_factory=list)  # gaps between later tokens (per backend's split)
     error: str = ""
     cached_tokens: int = 0
 
@@ -49,7 +49,7 @@ class BenchmarkMetrics:
 
 def _stats(values: Sequence[float], with_max: bool = False) -> dict[str, float]:
     """Mean, median and percentiles in ms; an empty list counts as [0], as bench_serving's `or 0` does."""
-    arr = np.asarray(values if len(values) else [0.0], dtype=float)
+    arr = np.asarray(values, dtype=float) if len(values) else np.zeros(1)
     out = {
         "mean": float(np.mean(arr)) * 1000,
         "median": float(np.median(arr)) * 1000,
@@ -66,8 +66,8 @@ def peak_per_second(outcomes: Sequence[RequestOutcome]) -> tuple[float, int]:
     """(peak output tokens in a one-second bucket, peak requests open in a one-second bucket).
 
     Buckets are whole seconds from the first send. A token lands in the bucket of its arrival time
-    (first token at start + TTFT, each later one after its ITL gap); a request counts in every bucket
-    from the one it was sent in to the one it ended in.
+    (first token at start + TTFT, each later one after its ITL gap, summed in order as bench_serving
+    does); a request counts in every bucket from the one it was sent in to the one it ended in.
     """
     ok = [o for o in outcomes if o.success]
     if not ok:
@@ -75,22 +75,19 @@ def peak_per_second(outcomes: Sequence[RequestOutcome]) -> tuple[float, int]:
     t0 = min(o.start_time for o in ok)
     end = max(o.start_time + o.latency for o in ok)
     buckets = math.ceil(end - t0) + 1
-    tokens = np.zeros(buckets)
-    open_requests = np.zeros(buckets)
+    tokens = np.zeros(buckets, dtype=np.int64)
+    open_requests = np.zeros(buckets + 1, dtype=np.int64)  # a difference array
     for o in ok:
-        t = o.start_time + o.ttft
-        times = [t]
-        for gap in o.itl:
-            t += gap
-            times.append(t)
-        for when in times:
-            b = int(when - t0)
-            if 0 <= b < buckets:
-                tokens[b] += 1
+        times = np.cumsum(np.concatenate(([o.start_time + o.ttft], np.asarray(o.itl, dtype=float))))
+        b = (times - t0).astype(np.int64)  # int() truncates toward zero, as astype does
+        b = b[(b >= 0) & (b < buckets)]
+        tokens += np.bincount(b, minlength=buckets)
         first = int(o.start_time - t0)
-        last = int(o.start_time + o.latency - t0)
-        open_requests[first : min(last + 1, buckets)] += 1
-    return float(np.max(tokens)), int(np.max(open_requests))
+        last = min(int(o.start_time + o.latency - t0) + 1, buckets)
+        if first < last:
+            open_requests[first] += 1
+            open_requests[last] -= 1
+    return float(np.max(tokens)), int(np.max(np.cumsum(open_requests[:buckets])))
 
 
 def calculate_metrics(outcomes: Sequence[RequestOutcome], duration_s: float) -> BenchmarkMetrics:
@@ -98,7 +95,7 @@ def calculate_metrics(outcomes: Sequence[RequestOutcome], duration_s: float) -> 
     total_input = sum(o.prompt_len for o in ok)
     total_output = sum(o.output_len for o in ok)
     tpots = [(o.latency - o.ttft) / (o.output_len - 1) for o in ok if o.output_len > 1]
-    itls = [gap for o in ok for gap in o.itl]
+    itls = np.concatenate([np.asarray(o.itl, dtype=float) for o in ok]) if ok else np.empty(0)
     e2e = [o.latency for o in ok]
     peak_tokens, peak_requests = peak_per_second(outcomes)
     return BenchmarkMetrics(

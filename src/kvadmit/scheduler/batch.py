@@ -57,6 +57,15 @@ class RunningBatch:
         self._sum_ratio = 0
         self.extend(reqs)
 
+    def drop_finished(self) -> None:
+        """Filter out ended requests, taking their terms out of the sums (Python work per ended one)."""
+        for req in [r for r in self.reqs if r.finished_reason is not None]:
+            if self._in_full(req):
+                self._sum_full -= self._term(req)
+            else:
+                self._sum_ratio -= self._term(req)
+        self.reqs = [r for r in self.reqs if r.finished_reason is None]
+
     def before_new_token(self, req: Req) -> None:
         """Call before appending an output token to a running request: its clipped remainder shrinks
         by one unless it is still above the clip."""

@@ -89,12 +89,12 @@ class AdmissionRecord:
 
 @dataclass(slots=True)
 class StepOutcome:
-    """What one step did. `finished` lists every request that ended in the step, client aborts
+    """What one step did. Every request of the batch got one token (its `output_ids[-1]`), except a
+    prefill's unfinished chunk. `finished` lists every request that ended in the step, client aborts
     included. Aborts also appear as RequestAborted events (for logs and metrics), and aborts outside a
     step (at arrival, queue full, the last request of a retraction) appear only there: a consumer
     answers each request once, when it first hears of its end (the Engine does)."""
 
-    tokens: list[tuple[Req, int]] = field(default_factory=list)  # tokens appended, in batch order
     finished: list[Req] = field(default_factory=list)  # requests that ended in this step
 
 
@@ -395,7 +395,7 @@ class Scheduler:
         running = self.running
         initial_bs = len(running.reqs)
         if self._running_has_finished:
-            running.replace([r for r in running.reqs if r.finished_reason is None])
+            running.drop_finished()
             self._running_has_finished = False
         if not running.reqs:
             running.batch_is_full = False
@@ -526,7 +526,6 @@ class Scheduler:
         full_for_eos = running.full_for_ignore_eos
         shrank_full = shrank_ratio = 0
         stop_checker = self.stop_checker
-        emitted = outcome.tokens
         # The hot loop of a decode step: one token per running request. The full finish check runs
         # only when a finish is possible (length, stop token, abort, or a stop-string checker).
         for req, token in zip(batch.reqs, tokens, strict=True):
@@ -539,7 +538,6 @@ class Scheduler:
                 else:
                     shrank_ratio += 1
             out.append(token)
-            emitted.append((req, token))
             if remaining <= 1 or token in s.stop_token_ids or req.abort_requested or stop_checker is not None:
                 reason = self._check_finished(req, token)
                 if reason is not None:
@@ -563,7 +561,6 @@ class Scheduler:
 
     def _append_token(self, req: Req, token: int, outcome: StepOutcome) -> None:
         req.output_ids.append(token)
-        outcome.tokens.append((req, token))
         reason = self._check_finished(req, token)
         if reason is not None:
             self._finish(req, reason, outcome)

@@ -1,15 +1,25 @@
 """A bench_serving-like client on the simulated clock: it sends requests at their arrival times behind a
 concurrency limit and records what bench_serving would measure for each (TTFT to the first token, one
-ITL gap per later token as the native backend streams them, end-to-end latency)."""
+ITL gap per later token as the native backend streams them, end-to-end latency).
+
+Token times are not recorded token by token. A running request gets a token in every decode step from
+the one after its prefill until it ends or is retracted, so its token times are its prefill times plus
+contiguous runs of the decode steps' end times; the client keeps those runs and turns them into gaps when
+the request ends (the same float subtractions a per-token record would make).
+"""
 
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+import numpy as np
 
 from kvadmit.bench.metrics import RequestOutcome
 from kvadmit.engine import Engine, VirtualClock
 from kvadmit.request import FinishKind, Req, SamplingLimits
+from kvadmit.scheduler.events import Event, Retraction
+from kvadmit.scheduler.scheduler import ScheduledBatch
 from kvadmit.sim.workload import SimRequest
 
 
@@ -18,11 +28,13 @@ class _Flight:
     spec: SimRequest
     outcome: RequestOutcome | None  # None for warm-up requests
     sent: float
-    last_token: float = -1.0
+    # Token times as pieces: a float (a prefill's token) or (first, last) decode-step indices.
+    pieces: list[float | tuple[int, int]] = field(default_factory=list)
+    decoding_from: int = -1  # the decode step index its current run starts at, or −1
 
 
 class SimClient:
-    """Implements the engine's Listener; `send_due` puts requests whose time has come on the wire."""
+    """The engine's Listener (and a Retraction observer); `send_due` sends requests whose time has come."""
 
     def __init__(
         self, engine: Engine | None, clock: VirtualClock, vocab_size: int, max_concurrency: int | None
@@ -35,6 +47,7 @@ class SimClient:
         self.flights: dict[str, _Flight] = {}
         self.true_output_len: dict[str, int] = {}
         self.finished: list[tuple[Req, float]] = []
+        self.decode_times: list[float] = []  # end time of every decode step
 
     def schedule(self, arrival: float, spec: SimRequest, outcome: RequestOutcome | None, rid: str) -> None:
         self.queue.append((arrival, rid, spec, outcome))
@@ -63,25 +76,35 @@ class SimClient:
         return None
 
     # ----- Listener ------------------------------------------------------------------------------
-    def on_tokens(self, tokens: list[tuple[Req, int]], now: float) -> None:
-        flights = self.flights
-        gap_cache: dict[float, float] = {}  # one float object per distinct gap (ITL lists share them)
-        for req, _ in tokens:
-            flight = flights.get(req.rid)
-            if flight is None or flight.outcome is None:
-                continue
-            last = flight.last_token
-            if last < 0:
-                flight.outcome.ttft = now - flight.sent
-            else:
-                gap = gap_cache.get(last)
-                if gap is None:
-                    gap = gap_cache[last] = now - last
-                flight.outcome.itl.append(gap)
-            flight.last_token = now
+    def on_step(self, batch: ScheduledBatch, now: float) -> None:
+        if batch.kind == "decode":
+            self.decode_times.append(now)
+            return
+        next_decode = len(self.decode_times)
+        for req in batch.reqs:
+            if req is batch.chunked:
+                continue  # an unfinished chunk streams nothing
+            flight = self.flights.get(req.rid)
+            if flight is not None:
+                flight.pieces.append(now)
+                flight.decoding_from = next_decode
+
+    def observe(self, event: Event, now: float) -> None:
+        if isinstance(event, Retraction):
+            for rid in event.rids:
+                flight = self.flights.get(rid)
+                if flight is not None:
+                    self._close_run(flight)
+
+    def _close_run(self, flight: _Flight) -> None:
+        last = len(self.decode_times) - 1
+        if 0 <= flight.decoding_from <= last:
+            flight.pieces.append((flight.decoding_from, last))
+        flight.decoding_from = -1
 
     def on_finish(self, req: Req, now: float) -> None:
         flight = self.flights.pop(req.rid)
+        self._close_run(flight)
         self.finished.append((req, now))
         out = flight.outcome
         if out is None:
@@ -92,6 +115,19 @@ class SimClient:
             out.success = False
             out.error = reason.message
             return
+        times = self._token_times(flight)
         out.success = True
+        out.ttft = times[0] - flight.sent
+        out.itl = np.diff(times) if len(times) > 1 else np.empty(0)
         out.output_len = len(req.output_ids)
         out.retokenized_output_len = out.output_len
+
+    def _token_times(self, flight: _Flight) -> np.ndarray:
+        parts: list[np.ndarray] = []
+        decode = self.decode_times
+        for piece in flight.pieces:
+            if isinstance(piece, tuple):
+                parts.append(np.asarray(decode[piece[0] : piece[1] + 1], dtype=float))
+            else:
+                parts.append(np.asarray([piece], dtype=float))
+        return np.concatenate(parts) if parts else np.empty(0)

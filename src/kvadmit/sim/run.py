@@ -11,7 +11,7 @@ from typing import IO
 
 from kvadmit.bench.metrics import BenchmarkMetrics, RequestOutcome, calculate_metrics
 from kvadmit.config import ServerArgs
-from kvadmit.engine import Engine, VirtualClock
+from kvadmit.engine import Engine, StepObserver, VirtualClock
 from kvadmit.executor.base import StepResult
 from kvadmit.executor.costmodel import CostModel
 from kvadmit.executor.simulated import EOS_TOKEN_ID, SimulatedExecutor
@@ -57,6 +57,7 @@ def simulate(
     emit_log: Callable[[str], None] | None = None,
     request_trace: IO[str] | None = None,
     step_trace: IO[str] | None = None,
+    watch_steps: tuple[StepObserver, ...] = (),
 ) -> SimResult:
     specs, rng = build_workload(cfg.workload)
     scheduler = Scheduler(cfg.args, context_len=cfg.context_len, eos_token_ids=frozenset({EOS_TOKEN_ID}))
@@ -72,6 +73,7 @@ def simulate(
             retractions += 1
 
     observers.append(count)
+    observers.append(client.observe)
     if emit_log is not None:
         writer = SGLangLogWriter(
             emit_log,
@@ -92,7 +94,7 @@ def simulate(
             ),
             clock.now(),
         )
-    step_observers = []
+    step_observers = list(watch_steps)
     if step_trace is not None:
 
         def trace(batch: ScheduledBatch, result: StepResult, now: float) -> None:
