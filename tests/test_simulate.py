@@ -71,6 +71,13 @@ def test_early_stops_decay_the_ratio_until_retraction_and_nothing_is_lost() -> N
     assert all(float(r["new_ratio"]) > 0.098 for r in retracts)  # type: ignore[arg-type]
     ended = Counter(result.finished_rids)
     assert len(ended) == 1000 + 1 and set(ended.values()) == {1}  # every request (and the warm-up) once
+    # Each stopped exactly at its drawn length (EOS), retracted or not.
+    from kvadmit.sim.workload import build_workload
+
+    specs, _ = build_workload(cfg.workload)
+    assert [o.output_len for o in result.outcomes] == [
+        min(s.true_output_len, s.max_new_tokens) for s in specs
+    ]
     assert result.metrics.completed == 1000
     sched = result.scheduler
     assert sched.is_fully_idle()
@@ -239,3 +246,12 @@ def test_token_times_kept_as_decode_runs_equal_a_per_token_record() -> None:
         times = per_token[f"req-{i}"]
         assert outcome.ttft == times[0] - outcome.start_time
         assert list(outcome.itl) == [b - a for a, b in itertools.pairwise(times)]
+
+
+def test_random_ids_prompts_are_bench_servings() -> None:
+    from kvadmit.sim.workload import SimRequest
+
+    spec = SimRequest(index=3, prompt_len=10, output_len=1, max_new_tokens=1, true_output_len=None,
+                      ignore_eos=True, offset=95)  # fmt: skip
+    assert spec.prompt(100) == [(95 + 3 + j) % 100 for j in range(10)]
+    assert SimRequest(0, 250, 1, 1, None, True, 7).prompt(100) == [(7 + j) % 100 for j in range(250)]

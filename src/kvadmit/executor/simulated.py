@@ -2,6 +2,10 @@
 
 Each request has a true output length. Under ignore_eos that is max_new_tokens; otherwise the request's
 token number `true_len` is EOS, so the scheduler sees it stop early exactly as a real model would.
+
+A running request gets one token in every decode step from the one after its prefill until it ends or is
+retracted, so the decode step in which its EOS falls is known at its prefill: the executor files it
+there instead of checking every request every step.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from collections.abc import Mapping
 
 from kvadmit.executor.base import StepResult
 from kvadmit.executor.costmodel import CostModel
+from kvadmit.request import Req
 from kvadmit.scheduler.scheduler import ScheduledBatch
 
 EOS_TOKEN_ID = 2
@@ -21,18 +26,36 @@ class SimulatedExecutor:
         self.cost = cost
         self.true_output_len = true_output_len  # rid → tokens it generates before EOS (EOS included)
         self.eos = eos_token_id
+        self._decode_steps = 0
+        self._due: dict[int, list[tuple[Req, int]]] = {}  # decode step → (request, its retraction count)
 
     def run(self, batch: ScheduledBatch) -> StepResult:
-        # A request's next token is number len(outputs) + 1: EOS once that reaches its true length.
-        stop_at, never, eos = self.true_output_len.get, 1 << 62, self.eos
-        tokens = [
-            eos if stop_at(r.rid, never) <= len(r.output_ids) + 1 else TEXT_TOKEN_ID for r in batch.reqs
-        ]
         if batch.kind == "prefill":
+            tokens = self._prefill_tokens(batch)
             new = sum(r.extend_input_len for r in batch.reqs)
             cached = sum(r.prefix_len for r in batch.reqs)
-            seconds = self.cost.prefill.seconds(len(batch.reqs), new, cached)
-        else:
-            kv = sum(len(r.kv) for r in batch.reqs) if self.cost.decode.per_kv_token_ms else 0
-            seconds = self.cost.decode.seconds(len(batch.reqs), kv)
-        return StepResult(tokens, seconds)
+            return StepResult(tokens, self.cost.prefill.seconds(len(batch.reqs), new, cached))
+        step = self._decode_steps
+        self._decode_steps += 1
+        tokens = [TEXT_TOKEN_ID] * len(batch.reqs)
+        for req, retractions in self._due.pop(step, ()):
+            if req.retraction_count == retractions and req.finished_reason is None:
+                tokens[batch.reqs.index(req)] = self.eos
+        kv = sum(len(r.kv) for r in batch.reqs) if self.cost.decode.per_kv_token_ms else 0
+        return StepResult(tokens, self.cost.decode.seconds(len(batch.reqs), kv))
+
+    def _prefill_tokens(self, batch: ScheduledBatch) -> list[int]:
+        tokens = []
+        for req in batch.reqs:
+            true_len = self.true_output_len.get(req.rid)
+            number = len(req.output_ids) + 1  # the token this prefill produces
+            if true_len is not None and number >= true_len:
+                tokens.append(self.eos)
+                continue
+            tokens.append(TEXT_TOKEN_ID)
+            if true_len is not None and req is not batch.chunked:
+                # Token number + k comes from the k-th decode step from now (index _decode_steps + k − 1).
+                self._due.setdefault(self._decode_steps + true_len - number - 1, []).append(
+                    (req, req.retraction_count)
+                )
+        return tokens

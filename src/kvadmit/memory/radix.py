@@ -63,6 +63,16 @@ class RadixCache:
         self.root = RadixNode(key=[], value=[], parent=None, children={}, lock_ref=1)
         self._evictable = 0
         self._protected = 0
+        self._nodes = 0
+        # Eviction candidates: (last_access, seq, node), pushed whenever a node may have become an
+        # unlocked leaf or was touched as one; entries that no longer describe the node are skipped.
+        self._heap: list[tuple[int, int, RadixNode]] = []
+        self._seq = 0
+
+    def _offer(self, node: RadixNode) -> None:
+        if not node.children and node.lock_ref == 0 and node is not self.root:
+            self._seq += 1
+            heapq.heappush(self._heap, (node.last_access, self._seq, node))
 
     def reset(self) -> None:
         """Drop every cached entry, freeing its slots (flush_cache). Locked entries must not exist."""
@@ -90,6 +100,7 @@ class RadixCache:
         child.value = child.value[at:]
         child.parent = new
         new.children[self._child_key(child.key)] = child
+        self._nodes += 1
         return new
 
     # ----- queries ---------------------------------------------------------------------------
@@ -110,6 +121,7 @@ class RadixCache:
             if child is None:
                 break
             child.last_access = self._tick
+            self._offer(child)
             n = _common_len(child.key, key, self.page_size)
             if n == 0:
                 break
@@ -132,6 +144,7 @@ class RadixCache:
             if child is None:
                 break
             child.last_access = self._tick
+            self._offer(child)
             n = _common_len(child.key, key, self.page_size)
             if n == 0:
                 break
@@ -146,6 +159,8 @@ class RadixCache:
             new.last_access = self._tick
             node.children[self._child_key(new.key)] = new
             self._evictable += len(key)
+            self._nodes += 1
+            self._offer(new)
         return done
 
     def inc_lock_ref(self, node: RadixNode) -> None:
@@ -164,6 +179,8 @@ class RadixCache:
                 self._protected -= len(node.key)
             node.lock_ref -= 1
             assert node.lock_ref >= 0, "radix lock released more often than taken"
+            if node.lock_ref == 0:
+                self._offer(node)
             assert node.parent is not None
             node = node.parent
 
@@ -172,27 +189,31 @@ class RadixCache:
         nothing evictable is left). Whole leaves go: the count freed may exceed the request."""
         if num_tokens <= 0 or self._evictable == 0:
             return 0
-        heap: list[tuple[int, int, RadixNode]] = []
-        stack = [self.root]
-        while stack:
-            node = stack.pop()
-            if node.children:
-                stack.extend(node.children.values())
-            elif node.lock_ref == 0:
-                heap.append((node.last_access, id(node), node))
-        heapq.heapify(heap)
+        if len(self._heap) > 8 * self._nodes + 64:
+            self._rebuild_heap()
+        heap = self._heap
         freed = 0
         while freed < num_tokens and heap:
-            _, _, leaf = heapq.heappop(heap)
+            access, _, leaf = heapq.heappop(heap)
+            if leaf.parent is None or leaf.children or leaf.lock_ref or leaf.last_access != access:
+                continue  # stale: evicted, no longer a leaf, locked, or touched since
             self.pool.free(leaf.value)
             freed += len(leaf.key)
             self._evictable -= len(leaf.key)
+            self._nodes -= 1
             parent = leaf.parent
-            assert parent is not None
             del parent.children[self._child_key(leaf.key)]
-            if parent is not self.root and not parent.children and parent.lock_ref == 0:
-                heapq.heappush(heap, (parent.last_access, id(parent), parent))
+            leaf.parent = None
+            self._offer(parent)
         return freed
+
+    def _rebuild_heap(self) -> None:
+        self._heap = []
+        stack = [self.root]
+        while stack:
+            node = stack.pop()
+            stack.extend(node.children.values())
+            self._offer(node)
 
     # ----- request hand-offs -----------------------------------------------------------------
     def cache_unfinished_req(self, req: Req) -> None:

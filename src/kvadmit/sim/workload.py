@@ -25,8 +25,14 @@ class SimRequest:
     offset: int  # random-ids: token j of the prompt is (offset + index + j) % vocab_size
 
     def prompt(self, vocab_size: int) -> list[int]:
-        start = self.offset + self.index
-        return [(start + j) % vocab_size for j in range(self.prompt_len)]
+        """Token j is (offset + index + j) % vocab_size, built from whole ranges."""
+        tokens: list[int] = []
+        start = (self.offset + self.index) % vocab_size
+        while len(tokens) < self.prompt_len:
+            take = min(vocab_size - start, self.prompt_len - len(tokens))
+            tokens.extend(range(start, start + take))
+            start = 0
+        return tokens
 
 
 @dataclass(frozen=True, slots=True)
