@@ -19,9 +19,20 @@ class RunningBatch:
     The reservation of a running request is min(max_new_tokens − outputs, clip) × r, where r is 1.0 for
     ignore_eos requests under 0.5.22 and the new-token ratio otherwise. We keep the integer sums of the
     clipped remainders for the two kinds; `fast_reservation` turns them into the float total in O(1).
+    A decode step gives every request one token, so each sum shrinks by the number of its requests at or
+    below the clip: all of them but the few (max_new_tokens > clip) still above it, listed in `_above`.
     """
 
-    __slots__ = ("_sum_full", "_sum_ratio", "batch_is_full", "clip", "full_for_ignore_eos", "reqs")
+    __slots__ = (
+        "_above",
+        "_n_full",
+        "_sum_full",
+        "_sum_ratio",
+        "batch_is_full",
+        "clip",
+        "full_for_ignore_eos",
+        "reqs",
+    )
 
     def __init__(self, clip: int, full_for_ignore_eos: bool, reqs: list[Req] | None = None) -> None:
         self.clip = clip
@@ -30,6 +41,8 @@ class RunningBatch:
         self.reqs: list[Req] = []
         self._sum_full = 0
         self._sum_ratio = 0
+        self._n_full = 0  # requests reserving in full (ignore_eos under 0.5.22)
+        self._above: list[Req] = []  # requests whose remainder is still above the clip
         if reqs:
             self.extend(reqs)
 
@@ -42,44 +55,49 @@ class RunningBatch:
     def _in_full(self, req: Req) -> bool:
         return self.full_for_ignore_eos and req.sampling.ignore_eos
 
+    def _count(self, req: Req, sign: int) -> None:
+        if self._in_full(req):
+            self._sum_full += sign * self._term(req)
+            self._n_full += sign
+        else:
+            self._sum_ratio += sign * self._term(req)
+
     def extend(self, reqs: list[Req]) -> None:
         for req in reqs:
             self.reqs.append(req)
-            if self._in_full(req):
-                self._sum_full += self._term(req)
-            else:
-                self._sum_ratio += self._term(req)
+            self._count(req, +1)
+            if req.sampling.max_new_tokens - len(req.output_ids) > self.clip:
+                self._above.append(req)
 
     def replace(self, reqs: list[Req]) -> None:
         """Keep exactly `reqs`, in this order (after filtering or retraction)."""
         self.reqs = []
-        self._sum_full = 0
-        self._sum_ratio = 0
+        self._sum_full = self._sum_ratio = self._n_full = 0
+        self._above = []
         self.extend(reqs)
 
     def drop_finished(self) -> None:
         """Filter out ended requests, taking their terms out of the sums (Python work per ended one)."""
         for req in [r for r in self.reqs if r.finished_reason is not None]:
-            if self._in_full(req):
-                self._sum_full -= self._term(req)
-            else:
-                self._sum_ratio -= self._term(req)
+            self._count(req, -1)
         self.reqs = [r for r in self.reqs if r.finished_reason is None]
+        if self._above:
+            self._above = [r for r in self._above if r.finished_reason is None]
 
-    def before_new_token(self, req: Req) -> None:
-        """Call before appending an output token to a running request: its clipped remainder shrinks
-        by one unless it is still above the clip."""
-        if req.sampling.max_new_tokens - len(req.output_ids) <= self.clip:
+    def after_decode_step(self) -> None:
+        """Every request has just got one token: each remainder at or below the clip shrank by one."""
+        above_full = above_ratio = 0
+        still_above = []
+        for req in self._above:
             if self._in_full(req):
-                self._sum_full -= 1
+                above_full += 1
             else:
-                self._sum_ratio -= 1
-
-    def remainders_shrank(self, full: int, ratio: int) -> None:
-        """The decode step's batched form of before_new_token: `full` requests reserving in full and
-        `ratio` others were at or below the clip when they got a token."""
-        self._sum_full -= full
-        self._sum_ratio -= ratio
+                above_ratio += 1
+            if req.sampling.max_new_tokens - len(req.output_ids) > self.clip:
+                still_above.append(req)
+        self._above = still_above
+        self._sum_full -= self._n_full - above_full
+        self._sum_ratio -= len(self.reqs) - self._n_full - above_ratio
 
     def fast_reservation(self, ratio: float) -> tuple[float, float]:
         """(Σ reservations, a bound on its distance from SGLang's batch-order float sum)."""

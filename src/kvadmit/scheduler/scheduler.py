@@ -15,6 +15,7 @@ It never reads a clock and never imports torch; the same inputs give the same de
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Literal
@@ -155,6 +156,8 @@ class Scheduler:
         self.events: list[Event] = []
         self.last_retract_result: RetractResult | None = None
         self._running_has_finished = False  # a running request ended since the last filter
+        self._stop_token_union: frozenset[int] = frozenset()  # every stop token id of any request
+        self._abort_rids: set[str] = set()  # live requests the client aborted
 
     def _new_running_batch(self, reqs: list[Req] | None = None) -> RunningBatch:
         return RunningBatch(
@@ -198,6 +201,8 @@ class Scheduler:
         s.min_new_tokens = min(s.min_new_tokens, m)
         if self.eos_token_ids and not s.ignore_eos:
             s.stop_token_ids = s.stop_token_ids | self.eos_token_ids
+        if not s.stop_token_ids <= self._stop_token_union:
+            self._stop_token_union = self._stop_token_union | s.stop_token_ids
         return self._enqueue(req)
 
     def _enqueue(self, req: Req) -> bool:
@@ -227,6 +232,7 @@ class Scheduler:
         for req in in_flight:
             if req.rid == rid and not req.finished:
                 req.abort_requested = True
+                self._abort_rids.add(rid)
                 return True
         return False
 
@@ -409,8 +415,7 @@ class Scheduler:
             return None
         if self.page_size == 1:
             slots = self.pool.alloc_decode(len(running.reqs))
-            for req, slot in zip(running.reqs, slots, strict=True):
-                req.kv.append(slot)
+            deque(map(list.append, [r.kv for r in running.reqs], slots), maxlen=0)
         else:
             for req in running.reqs:
                 self._alloc_kv(req, 1)
@@ -521,29 +526,28 @@ class Scheduler:
         self._finish(req, FinishReason(FinishKind.ABORT, "Aborted by the client.", 499), outcome)
 
     def _process_decode(self, batch: ScheduledBatch, tokens: list[int], outcome: StepOutcome) -> None:
-        running = self.running
-        clip = running.clip
-        full_for_eos = running.full_for_ignore_eos
-        shrank_full = shrank_ratio = 0
-        stop_checker = self.stop_checker
-        # The hot loop of a decode step: one token per running request. The full finish check runs
-        # only when a finish is possible (length, stop token, abort, or a stop-string checker).
-        for req, token in zip(batch.reqs, tokens, strict=True):
-            s = req.sampling
-            out = req.output_ids
-            remaining = s.max_new_tokens - len(out)
-            if remaining <= clip:  # its reservation (clipped remainder) shrinks by one
-                if full_for_eos and s.ignore_eos:
-                    shrank_full += 1
-                else:
-                    shrank_ratio += 1
-            out.append(token)
-            if remaining <= 1 or token in s.stop_token_ids or req.abort_requested or stop_checker is not None:
-                reason = self._check_finished(req, token)
-                if reason is not None:
-                    self._finish(req, reason, outcome)
-                    self._running_has_finished = True
-        running.remainders_shrank(shrank_full, shrank_ratio)
+        # The hot path of a decode step: one token per running request, appended at C speed; the finish
+        # check runs only for requests that may have finished (length reached, a stop token, an abort,
+        # or every request when a stop-string checker is set). Batch order is kept throughout.
+        reqs = batch.reqs
+        deque(map(list.append, [r.output_ids for r in reqs], tokens), maxlen=0)
+        self.running.after_decode_step()
+        if self.stop_checker is not None:
+            maybe = range(len(reqs))
+        else:
+            left = [r.sampling.max_new_tokens - len(r.output_ids) for r in reqs]
+            candidates = [i for i, n in enumerate(left) if n <= 0] if min(left) <= 0 else []
+            if not self._stop_token_union.isdisjoint(tokens):
+                candidates += [i for i, t in enumerate(tokens) if t in self._stop_token_union]
+            if self._abort_rids:
+                candidates += [i for i, r in enumerate(reqs) if r.rid in self._abort_rids]
+            maybe = sorted(set(candidates))
+        for i in maybe:
+            req = reqs[i]
+            reason = self._check_finished(req, tokens[i])
+            if reason is not None:
+                self._finish(req, reason, outcome)
+                self._running_has_finished = True
         self.forward_ct_decode = (self.forward_ct_decode + 1) % (1 << 30)
         self._generated_since_log += len(batch.reqs)
         if self.forward_ct_decode % self.args.decode_log_interval == 0:
@@ -581,6 +585,7 @@ class Scheduler:
 
     def _finish(self, req: Req, reason: FinishReason, outcome: StepOutcome) -> None:
         req.finished_reason = reason
+        self._abort_rids.discard(req.rid)
         if reason.kind is FinishKind.ABORT:
             self.cache.release_req(req)
             self.events.append(RequestAborted(req.rid, reason.message, reason.status_code))

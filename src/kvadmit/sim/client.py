@@ -46,7 +46,7 @@ class SimClient:
         self.queue: deque[tuple[float, str, SimRequest, RequestOutcome | None]] = deque()
         self.flights: dict[str, _Flight] = {}
         self.true_output_len: dict[str, int] = {}
-        self.finished: list[tuple[Req, float]] = []
+        self.finished_rids: list[str] = []  # in the order requests ended (no Req kept alive)
         self.decode_times: list[float] = []  # end time of every decode step
 
     def schedule(self, arrival: float, spec: SimRequest, outcome: RequestOutcome | None, rid: str) -> None:
@@ -105,7 +105,7 @@ class SimClient:
     def on_finish(self, req: Req, now: float) -> None:
         flight = self.flights.pop(req.rid)
         self._close_run(flight)
-        self.finished.append((req, now))
+        self.finished_rids.append(req.rid)
         out = flight.outcome
         if out is None:
             return

@@ -169,7 +169,7 @@ def simulate(
         retractions=retractions,
         steps=steps,
         scheduler=scheduler,
-        finished_rids=[r.rid for r, _ in client.finished],
+        finished_rids=client.finished_rids,
     )
 
 
