@@ -25,6 +25,7 @@ class RunningBatch:
 
     __slots__ = (
         "_above",
+        "_min_left",
         "_n_full",
         "_sum_full",
         "_sum_ratio",
@@ -43,6 +44,7 @@ class RunningBatch:
         self._sum_ratio = 0
         self._n_full = 0  # requests reserving in full (ignore_eos under 0.5.22)
         self._above: list[Req] = []  # requests whose remainder is still above the clip
+        self._min_left = 1 << 62  # a lower bound on any request's max_new_tokens − outputs
         if reqs:
             self.extend(reqs)
 
@@ -66,7 +68,9 @@ class RunningBatch:
         for req in reqs:
             self.reqs.append(req)
             self._count(req, +1)
-            if req.sampling.max_new_tokens - len(req.output_ids) > self.clip:
+            left = req.sampling.max_new_tokens - len(req.output_ids)
+            self._min_left = min(self._min_left, left)
+            if left > self.clip:
                 self._above.append(req)
 
     def replace(self, reqs: list[Req]) -> None:
@@ -74,6 +78,7 @@ class RunningBatch:
         self.reqs = []
         self._sum_full = self._sum_ratio = self._n_full = 0
         self._above = []
+        self._min_left = 1 << 62
         self.extend(reqs)
 
     def drop_finished(self) -> None:
@@ -98,6 +103,17 @@ class RunningBatch:
         self._above = still_above
         self._sum_full -= self._n_full - above_full
         self._sum_ratio -= len(self.reqs) - self._n_full - above_ratio
+        self._min_left -= 1
+
+    def reached_length(self) -> list[int]:
+        """Indices of requests that have as many outputs as max_new_tokens allows (usually none: the
+        scan runs only when the lower bound says one may have)."""
+        if self._min_left > 0:
+            return []
+        left = [r.sampling.max_new_tokens - len(r.output_ids) for r in self.reqs]
+        live = [n for n, r in zip(left, self.reqs, strict=True) if n > 0 and r.finished_reason is None]
+        self._min_left = min(live, default=1 << 62)
+        return [i for i, n in enumerate(left) if n <= 0]
 
     def fast_reservation(self, ratio: float) -> tuple[float, float]:
         """(Σ reservations, a bound on its distance from SGLang's batch-order float sum)."""

@@ -369,7 +369,7 @@ class Scheduler:
         )
 
     def _prefill_stats(self, adder: AdmissionPass, running_bs: int) -> PrefillBatchStats:
-        pending = sum(r.seqlen for r in self.waiting)
+        pending = sum([len(r.origin_input_ids) + len(r.output_ids) for r in self.waiting])
         if self.chunked_req is not None:
             pending += self.chunked_req.seqlen - self.chunked_req.fill_len
         hit = sum(
@@ -535,8 +535,8 @@ class Scheduler:
         if self.stop_checker is not None:
             maybe = range(len(reqs))
         else:
-            left = [r.sampling.max_new_tokens - len(r.output_ids) for r in reqs]
-            candidates = [i for i, n in enumerate(left) if n <= 0] if min(left) <= 0 else []
+            assert self.running.reqs == reqs, "a decode batch is the running batch, in order"
+            candidates = self.running.reached_length()
             if not self._stop_token_union.isdisjoint(tokens):
                 candidates += [i for i, t in enumerate(tokens) if t in self._stop_token_union]
             if self._abort_rids:
