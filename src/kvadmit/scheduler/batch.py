@@ -32,6 +32,8 @@ class RunningBatch:
         "batch_is_full",
         "clip",
         "full_for_ignore_eos",
+        "kvs",
+        "outs",
         "reqs",
     )
 
@@ -40,6 +42,9 @@ class RunningBatch:
         self.full_for_ignore_eos = full_for_ignore_eos
         self.batch_is_full = False
         self.reqs: list[Req] = []
+        # Parallel to reqs, for the decode step's C-speed appends: each request's output and KV lists.
+        self.outs: list[list[int]] = []
+        self.kvs: list[list[int]] = []
         self._sum_full = 0
         self._sum_ratio = 0
         self._n_full = 0  # requests reserving in full (ignore_eos under 0.5.22)
@@ -67,6 +72,8 @@ class RunningBatch:
     def extend(self, reqs: list[Req]) -> None:
         for req in reqs:
             self.reqs.append(req)
+            self.outs.append(req.output_ids)
+            self.kvs.append(req.kv)
             self._count(req, +1)
             left = req.sampling.max_new_tokens - len(req.output_ids)
             self._min_left = min(self._min_left, left)
@@ -75,7 +82,7 @@ class RunningBatch:
 
     def replace(self, reqs: list[Req]) -> None:
         """Keep exactly `reqs`, in this order (after filtering or retraction)."""
-        self.reqs = []
+        self.reqs, self.outs, self.kvs = [], [], []
         self._sum_full = self._sum_ratio = self._n_full = 0
         self._above = []
         self._min_left = 1 << 62
@@ -83,9 +90,15 @@ class RunningBatch:
 
     def drop_finished(self) -> None:
         """Filter out ended requests, taking their terms out of the sums (Python work per ended one)."""
-        for req in [r for r in self.reqs if r.finished_reason is not None]:
-            self._count(req, -1)
-        self.reqs = [r for r in self.reqs if r.finished_reason is None]
+        kept = []
+        for req in self.reqs:
+            if req.finished_reason is None:
+                kept.append(req)
+            else:
+                self._count(req, -1)
+        self.reqs = kept
+        self.outs = [r.output_ids for r in kept]
+        self.kvs = [r.kv for r in kept]
         if self._above:
             self._above = [r for r in self._above if r.finished_reason is None]
 

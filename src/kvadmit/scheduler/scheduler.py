@@ -415,7 +415,7 @@ class Scheduler:
             return None
         if self.page_size == 1:
             slots = self.pool.alloc_decode(len(running.reqs))
-            deque(map(list.append, [r.kv for r in running.reqs], slots), maxlen=0)
+            deque(map(list.append, running.kvs, slots), maxlen=0)
         else:
             for req in running.reqs:
                 self._alloc_kv(req, 1)
@@ -530,15 +530,16 @@ class Scheduler:
         # check runs only for requests that may have finished (length reached, a stop token, an abort,
         # or every request when a stop-string checker is set). Batch order is kept throughout.
         reqs = batch.reqs
-        deque(map(list.append, [r.output_ids for r in reqs], tokens), maxlen=0)
-        self.running.after_decode_step()
+        running = self.running
+        assert running.reqs == reqs, "a decode batch is the running batch, in order"
+        deque(map(list.append, running.outs, tokens), maxlen=0)
+        running.after_decode_step()
         if self.stop_checker is not None:
             maybe = range(len(reqs))
         else:
-            assert self.running.reqs == reqs, "a decode batch is the running batch, in order"
-            candidates = self.running.reached_length()
-            if not self._stop_token_union.isdisjoint(tokens):
-                candidates += [i for i, t in enumerate(tokens) if t in self._stop_token_union]
+            candidates = running.reached_length()
+            for stop in self._stop_token_union.intersection(tokens):
+                candidates += _positions(tokens, stop)
             if self._abort_rids:
                 candidates += [i for i, r in enumerate(reqs) if r.rid in self._abort_rids]
             maybe = sorted(set(candidates))
@@ -631,3 +632,15 @@ class Scheduler:
                 f"request slots: {self.req_slots.size - self.req_slots.available_size()} in use, "
                 f"{len(live)} live requests"
             )
+
+
+def _positions(items: list[int], value: int) -> list[int]:
+    """Every index of `value` in `items`, found by C-speed scans."""
+    found: list[int] = []
+    i = -1
+    try:
+        while True:
+            i = items.index(value, i + 1)
+            found.append(i)
+    except ValueError:
+        return found
