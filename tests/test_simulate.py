@@ -255,3 +255,62 @@ def test_random_ids_prompts_are_bench_servings() -> None:
                       ignore_eos=True, offset=95)  # fmt: skip
     assert spec.prompt(100) == [(95 + 3 + j) % 100 for j in range(10)]
     assert SimRequest(0, 250, 1, 1, None, True, 7).prompt(100) == [(7 + j) % 100 for j in range(250)]
+
+
+def test_lengths_are_drawn_as_bench_serving_draws_them() -> None:
+    import numpy as np
+
+    from kvadmit.sim.workload import build_workload
+
+    specs, _ = build_workload(
+        WorkloadSpec(num_prompts=50, input_len=300, output_len=200, range_ratio=0.25, seed=7)
+    )
+    np.random.seed(
+        7
+    )  # bench_serving: np.random.seed(--seed), input lengths, then output lengths, then offsets
+    inputs = np.random.randint(75, 301, size=50).tolist()
+    outputs = np.random.randint(50, 201, size=50).tolist()
+    offsets = np.random.randint(0, 32000, size=50).tolist()
+    assert [s.prompt_len for s in specs] == inputs
+    assert [s.output_len for s in specs] == outputs
+    assert [s.offset for s in specs] == offsets
+
+
+def test_a_request_rate_spaces_arrivals_by_seeded_exponential_gaps() -> None:
+    import json
+
+    import numpy as np
+
+    trace = io.StringIO()
+    cfg = SimConfig(
+        args=ServerArgs(max_total_tokens=100_000),
+        workload=WorkloadSpec(num_prompts=200, input_len=64, output_len=16, range_ratio=1.0),
+        cost=CostModel.simple(decode_step_ms=10, prefill_tokens_per_s=100_000),
+        request_rate=4.0,
+    )
+    simulate(cfg, request_trace=trace)
+    arrivals = [json.loads(line)["arrival"] for line in trace.getvalue().splitlines()]
+    rng = np.random.RandomState(42)
+    rng.randint(64, 65, size=200), rng.randint(16, 17, size=200), rng.randint(0, 32000, size=200)
+    expected = np.concatenate(([0.0], np.cumsum([rng.exponential(1 / 4.0) for _ in range(199)])))
+    # The server is idle enough that each request is sent the moment it arrives.
+    assert arrivals == pytest.approx(expected.tolist(), abs=1e-6)
+
+
+def test_stop_lengths_can_come_from_a_file(tmp_path: object) -> None:
+    import json
+    from pathlib import Path
+
+    lens = Path(str(tmp_path)) / "lens.txt"
+    lens.write_text("3\n5\n")
+    trace = Path(str(tmp_path)) / "trace.jsonl"
+    run_ = subprocess.run(
+        [sys.executable, "-m", "kvadmit", "simulate", "--max-total-tokens", "4096", "--num-prompts", "4",
+         "--random-input-len", "16", "--random-output-len", "64", "--random-range-ratio", "1",
+         "--disable-ignore-eos", "--output-lens-file", str(lens), "--trace-requests", str(trace), "--quiet"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert run_.returncode == 0, run_.stderr
+    rows = [json.loads(line) for line in trace.read_text().splitlines()]
+    assert [r["output_len"] for r in rows] == [3, 5, 3, 5]
+    assert all(r["max_new_tokens"] == 64 for r in rows)

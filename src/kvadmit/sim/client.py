@@ -42,7 +42,11 @@ class SimClient:
         self.engine = engine
         self.clock = clock
         self.vocab_size = vocab_size
-        self.limit = max_concurrency or 1 << 62
+        # When each free slot of the concurrency limit became free (FIFO, like bench_serving's semaphore);
+        # without a limit every request finds a slot the moment it arrives.
+        self.free_slots: deque[float] | None = (
+            deque([float("-inf")] * max_concurrency) if max_concurrency else None
+        )
         self.queue: deque[tuple[float, str, SimRequest, RequestOutcome | None]] = deque()
         self.flights: dict[str, _Flight] = {}
         self.true_output_len: dict[str, int] = {}
@@ -58,22 +62,29 @@ class SimClient:
         """Send every queued request that has arrived, while the concurrency limit allows (FIFO)."""
         assert self.engine is not None
         now = self.clock.now()
-        while self.queue and self.queue[0][0] <= now and len(self.flights) < self.limit:
-            _, rid, spec, outcome = self.queue.popleft()
+        slots = self.free_slots
+        while self.queue and self.queue[0][0] <= now and (slots is None or slots):
+            arrival, rid, spec, outcome = self.queue.popleft()
+            # Sent when it arrived or when a slot freed, whichever is later (both ≤ now: a request that
+            # arrives during a step is on the wire at once; the server sees it at its next pass).
+            sent = arrival if slots is None else max(arrival, slots.popleft())
             req = Req(
                 rid=rid,
                 origin_input_ids=spec.prompt(self.vocab_size),
                 sampling=SamplingLimits(max_new_tokens=spec.max_new_tokens, ignore_eos=spec.ignore_eos),
             )
             if outcome is not None:
-                outcome.start_time = now
-            self.flights[rid] = _Flight(spec, outcome, now)
+                outcome.start_time = sent
+            self.flights[rid] = _Flight(spec, outcome, sent)
             self.engine.submit(req)
 
     def next_arrival(self) -> float | None:
-        if self.queue and len(self.flights) < self.limit:
+        """When the next request goes on the wire, if that does not wait for a request to end."""
+        if not self.queue:
+            return None
+        if self.free_slots is None:
             return self.queue[0][0]
-        return None
+        return max(self.queue[0][0], self.free_slots[0]) if self.free_slots else None
 
     # ----- Listener ------------------------------------------------------------------------------
     def on_step(self, batch: ScheduledBatch, now: float) -> None:
@@ -104,6 +115,8 @@ class SimClient:
 
     def on_finish(self, req: Req, now: float) -> None:
         flight = self.flights.pop(req.rid)
+        if self.free_slots is not None:
+            self.free_slots.append(now)
         self._close_run(flight)
         self.finished_rids.append(req.rid)
         out = flight.outcome
