@@ -7,6 +7,8 @@ holds back (reference §1.3, confirmed in the scheduler's code). This class does
 
 from __future__ import annotations
 
+from itertools import compress
+
 from kvadmit.request import Req
 
 # Relative error of one floating-point operation, doubled for safety (2^-52 rather than 2^-53).
@@ -90,15 +92,12 @@ class RunningBatch:
 
     def drop_finished(self) -> None:
         """Filter out ended requests, taking their terms out of the sums (Python work per ended one)."""
-        kept = []
-        for req in self.reqs:
-            if req.finished_reason is None:
-                kept.append(req)
-            else:
-                self._count(req, -1)
-        self.reqs = kept
-        self.outs = [r.output_ids for r in kept]
-        self.kvs = [r.kv for r in kept]
+        alive = [r.finished_reason is None for r in self.reqs]
+        for req in compress(self.reqs, [not a for a in alive]):
+            self._count(req, -1)
+        self.reqs = list(compress(self.reqs, alive))
+        self.outs = list(compress(self.outs, alive))
+        self.kvs = list(compress(self.kvs, alive))
         if self._above:
             self._above = [r for r in self._above if r.finished_reason is None]
 
