@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import NamedTuple, Protocol
 
-from kvadmit.scheduler.scheduler import ScheduledBatch
+from kvadmit.scheduler.types import ScheduledBatch
 
 
 class StepResult(NamedTuple):

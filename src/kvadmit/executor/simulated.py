@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from kvadmit.executor.base import StepResult
 from kvadmit.executor.costmodel import CostModel
 from kvadmit.request import Req
-from kvadmit.scheduler.scheduler import ScheduledBatch
+from kvadmit.scheduler.types import ScheduledBatch
 
 EOS_TOKEN_ID = 2
 TEXT_TOKEN_ID = 1000  # what every non-final simulated token is

@@ -17,17 +17,14 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
-from typing import Literal
 
 from kvadmit.config import ConfigError, ServerArgs, resolve_chunked_prefill_size, resolve_max_running_requests
 from kvadmit.memory.pool import ReqSlotPool, TokenPool
 from kvadmit.memory.radix import NoPrefixCache, RadixCache
 from kvadmit.request import FinishKind, FinishReason, Req
-from kvadmit.scheduler.admission import AddResult, AdmissionPass, Budget, prepare_candidate
+from kvadmit.scheduler.admission import AddResult, AdmissionPass, prepare_candidate
 from kvadmit.scheduler.batch import RunningBatch
 from kvadmit.scheduler.events import (
-    DecodeBatchStats,
     Event,
     LastRequestAborted,
     PrefillBatchStats,
@@ -36,6 +33,7 @@ from kvadmit.scheduler.events import (
 )
 from kvadmit.scheduler.ordering import QueueOrder
 from kvadmit.scheduler.ratio import NewTokenRatio, ratio_after_retract
+from kvadmit.scheduler.results import CLIENT_ABORT_MESSAGE, StepResults
 from kvadmit.scheduler.retraction import (
     LAST_REQUEST_ABORT_MESSAGE,
     LAST_REQUEST_ASSERTION,
@@ -45,61 +43,20 @@ from kvadmit.scheduler.retraction import (
     evict_for,
     retract_decode,
 )
-
-QUEUE_FULL_MESSAGE = "The request queue is full."
-UNSCHEDULABLE_MESSAGE = (
-    "The request can never be scheduled: even with the KV pool empty it does not pass admission. "
-    "Lower max_new_tokens or use a larger pool."
+from kvadmit.scheduler.types import (
+    MAX_NEW_TOKENS_UNSET,
+    QUEUE_FULL_MESSAGE,
+    UNSCHEDULABLE_MESSAGE,
+    AdmissionRecord,
+    EngineCrash,
+    ScheduledBatch,
+    StepOutcome,
 )
-MAX_NEW_TOKENS_UNSET = 1 << 30
+
+__all__ = ["AdmissionRecord", "EngineCrash", "ScheduledBatch", "Scheduler", "StepOutcome"]
 
 
-class EngineCrash(RuntimeError):
-    """What an SGLang release before 0.5.10 did when even the last request did not fit: the server died."""
-
-
-@dataclass(slots=True)
-class ScheduledBatch:
-    """A batch for the executor.
-
-    prefill: for each request, compute tokens fill_ids()[prefix_len:fill_len] into slots
-             kv[prefix_len:fill_len], attending to kv[:prefix_len]; sample one token per request.
-    decode:  for each request, compute its last output token into slot kv[-1]; sample one token.
-    """
-
-    kind: Literal["prefill", "decode"]
-    reqs: list[Req]
-    chunked: Req | None = None  # in a prefill: the request whose prompt is still unfinished after it
-    stats: PrefillBatchStats | None = None
-
-
-@dataclass(slots=True)
-class AdmissionRecord:
-    """What one admission pass did, for the batch builder and for `kvadmit capacity` explanations."""
-
-    running_bs: int
-    allocatable: int = 0
-    gate: str | None = None  # why no candidate was looked at: batch_is_full, no_waiting, request_cap, …
-    adder: AdmissionPass | None = None
-    looked_at: list[Req] = field(default_factory=list)  # waiting requests passed to add_one_req
-    verdict: AddResult | None = None  # the last add_one_req result
-    stopped_at: Req | None = None  # the request whose call returned a non-CONTINUE verdict
-    stop_cause: str = "end"  # end of queue, a verdict, or the request cap
-    budgets: list[Budget] = field(default_factory=list)  # before each looked-at request (explain=True)
-
-
-@dataclass(slots=True)
-class StepOutcome:
-    """What one step did. Every request of the batch got one token (its `output_ids[-1]`), except a
-    prefill's unfinished chunk. `finished` lists every request that ended in the step, client aborts
-    included. Aborts also appear as RequestAborted events (for logs and metrics), and aborts outside a
-    step (at arrival, queue full, the last request of a retraction) appear only there: a consumer
-    answers each request once, when it first hears of its end (the Engine does)."""
-
-    finished: list[Req] = field(default_factory=list)  # requests that ended in this step
-
-
-class Scheduler:
+class Scheduler(StepResults):
     def __init__(
         self,
         args: ServerArgs,
@@ -137,6 +94,7 @@ class Scheduler:
         # The longest sequence a request may reach (SGLang: min(context_len − 1, pool − 1)).
         self.max_req_len = min(self.context_len - 1, self.max_total_num_tokens - 1)
         self.eos_token_ids = eos_token_ids
+        self.decode_log_interval = args.decode_log_interval
         self.stop_checker = stop_checker
 
         cache_cls = NoPrefixCache if args.disable_radix_cache else RadixCache
@@ -222,7 +180,7 @@ class Scheduler:
         for i, req in enumerate(self.waiting):
             if req.rid == rid:
                 del self.waiting[i]
-                self._reject(req, "Aborted by the client.", 499)
+                self._reject(req, CLIENT_ABORT_MESSAGE, 499)
                 return True
         in_flight = [*self.running.reqs]
         if self.chunked_req is not None:
@@ -495,111 +453,7 @@ class Scheduler:
         if self.is_fully_idle():
             self.ratio.reset()
 
-    # ===== results in ===========================================================================
-    def on_batch_done(self, batch: ScheduledBatch, next_token_ids: list[int]) -> StepOutcome:
-        """Apply the executor's sampled tokens (one per request, in batch order)."""
-        if len(next_token_ids) != len(batch.reqs):
-            raise ValueError(f"expected {len(batch.reqs)} tokens, got {len(next_token_ids)}")
-        outcome = StepOutcome()
-        if batch.kind == "prefill":
-            self._process_prefill(batch, next_token_ids, outcome)
-        else:
-            self._process_decode(batch, next_token_ids, outcome)
-        return outcome
-
-    def _process_prefill(self, batch: ScheduledBatch, tokens: list[int], outcome: StepOutcome) -> None:
-        for req, token in zip(batch.reqs, tokens, strict=True):
-            if req is batch.chunked:
-                # A non-final chunk: its sampled token is discarded; cache what it computed.
-                self.cache.cache_unfinished_req(req)
-                if req.abort_requested:
-                    self._finish_chunked_abort(req, outcome)
-                continue
-            self._append_token(req, token, outcome)
-            if not req.finished:
-                self.cache.cache_unfinished_req(req)
-        assert batch.stats is not None
-        self.events.append(replace(batch.stats, queue_req=len(self.waiting)))  # the queue at log time
-
-    def _finish_chunked_abort(self, req: Req, outcome: StepOutcome) -> None:
-        self.chunked_req = None
-        self._finish(req, FinishReason(FinishKind.ABORT, "Aborted by the client.", 499), outcome)
-
-    def _process_decode(self, batch: ScheduledBatch, tokens: list[int], outcome: StepOutcome) -> None:
-        # The hot path of a decode step: one token per running request, appended at C speed; the finish
-        # check runs only for requests that may have finished (length reached, a stop token, an abort,
-        # or every request when a stop-string checker is set). Batch order is kept throughout.
-        reqs = batch.reqs
-        running = self.running
-        assert running.reqs == reqs, "a decode batch is the running batch, in order"
-        deque(map(list.append, running.outs, tokens), maxlen=0)
-        running.after_decode_step()
-        if self.stop_checker is not None:
-            maybe = range(len(reqs))
-        else:
-            candidates = running.reached_length()
-            for stop in self._stop_token_union.intersection(tokens):
-                candidates += _positions(tokens, stop)
-            if self._abort_rids:
-                candidates += [i for i, r in enumerate(reqs) if r.rid in self._abort_rids]
-            maybe = sorted(set(candidates))
-        for i in maybe:
-            req = reqs[i]
-            reason = self._check_finished(req, tokens[i])
-            if reason is not None:
-                self._finish(req, reason, outcome)
-                self._running_has_finished = True
-        self.forward_ct_decode = (self.forward_ct_decode + 1) % (1 << 30)
-        self._generated_since_log += len(batch.reqs)
-        if self.forward_ct_decode % self.args.decode_log_interval == 0:
-            used = self.num_used_tokens()
-            self.events.append(
-                DecodeBatchStats(
-                    running_req=len(batch.reqs),
-                    num_used_tokens=used,
-                    token_usage=used / self.max_total_num_tokens,
-                    queue_req=len(self.waiting),
-                    generated_tokens=self._generated_since_log,
-                )
-            )
-            self._generated_since_log = 0
-
-    def _append_token(self, req: Req, token: int, outcome: StepOutcome) -> None:
-        req.output_ids.append(token)
-        reason = self._check_finished(req, token)
-        if reason is not None:
-            self._finish(req, reason, outcome)
-
-    def _check_finished(self, req: Req, token: int) -> FinishReason | None:
-        if req.abort_requested:
-            return FinishReason(FinishKind.ABORT, "Aborted by the client.", 499)
-        s = req.sampling
-        if len(req.output_ids) >= s.max_new_tokens:
-            return FinishReason(FinishKind.LENGTH, matched=None)
-        if not s.ignore_eos and token in s.stop_token_ids and len(req.output_ids) >= s.min_new_tokens:
-            return FinishReason(FinishKind.STOP, matched=token)
-        if self.stop_checker is not None:
-            matched = self.stop_checker(req)
-            if matched is not None:
-                return FinishReason(FinishKind.STOP, matched=matched)
-        return None
-
-    def _finish(self, req: Req, reason: FinishReason, outcome: StepOutcome) -> None:
-        req.finished_reason = reason
-        self._abort_rids.discard(req.rid)
-        if reason.kind is FinishKind.ABORT:
-            self.cache.release_req(req)
-            self.events.append(RequestAborted(req.rid, reason.message, reason.status_code))
-        else:
-            self.cache.cache_finished_req(req)
-        self.req_slots.free()
-        outcome.finished.append(req)
-
     # ===== accounting ===========================================================================
-    def num_used_tokens(self) -> int:
-        """SGLang's `#token`: pool − (available + evictable); evictable cache does not count as used."""
-        return self.max_total_num_tokens - (self.pool.available_size() + self.cache.evictable_size())
-
     def drain_events(self) -> list[Event]:
         events, self.events = self.events, []
         return events
@@ -632,15 +486,3 @@ class Scheduler:
                 f"request slots: {self.req_slots.size - self.req_slots.available_size()} in use, "
                 f"{len(live)} live requests"
             )
-
-
-def _positions(items: list[int], value: int) -> list[int]:
-    """Every index of `value` in `items`, found by C-speed scans."""
-    found: list[int] = []
-    i = -1
-    try:
-        while True:
-            i = items.index(value, i + 1)
-            found.append(i)
-    except ValueError:
-        return found

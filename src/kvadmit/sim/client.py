@@ -19,7 +19,7 @@ from kvadmit.bench.metrics import RequestOutcome
 from kvadmit.engine import Engine, VirtualClock
 from kvadmit.request import FinishKind, Req, SamplingLimits
 from kvadmit.scheduler.events import Event, Retraction
-from kvadmit.scheduler.scheduler import ScheduledBatch
+from kvadmit.scheduler.types import ScheduledBatch
 from kvadmit.sim.workload import SimRequest
 
 

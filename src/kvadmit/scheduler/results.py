@@ -1,0 +1,153 @@
+"""Results in: apply one step's sampled tokens, end requests (length, stop, abort) and hand their KV to
+the prefix cache. A mixin of Scheduler, kept apart because the decode step's hot loop lives here."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import replace
+
+from kvadmit.memory.pool import ReqSlotPool, TokenPool
+from kvadmit.memory.radix import RadixCache
+from kvadmit.request import FinishKind, FinishReason, Req
+from kvadmit.scheduler.batch import RunningBatch
+from kvadmit.scheduler.events import DecodeBatchStats, Event, RequestAborted
+from kvadmit.scheduler.types import ScheduledBatch, StepOutcome
+
+CLIENT_ABORT_MESSAGE = "Aborted by the client."
+
+
+class StepResults:
+    """on_batch_done and what it needs; the state it reads belongs to Scheduler."""
+
+    running: RunningBatch
+    cache: RadixCache
+    req_slots: ReqSlotPool
+    waiting: list[Req]
+    chunked_req: Req | None
+    events: list[Event]
+    stop_checker: Callable[[Req], str | None] | None
+    forward_ct_decode: int
+    decode_log_interval: int
+    _generated_since_log: int
+    _running_has_finished: bool
+    _stop_token_union: frozenset[int]
+    _abort_rids: set[str]
+
+    pool: TokenPool
+    max_total_num_tokens: int
+
+    def num_used_tokens(self) -> int:
+        """SGLang's `#token`: pool − (available + evictable); evictable cache does not count as used."""
+        return self.max_total_num_tokens - (self.pool.available_size() + self.cache.evictable_size())
+
+    def on_batch_done(self, batch: ScheduledBatch, next_token_ids: list[int]) -> StepOutcome:
+        """Apply the executor's sampled tokens (one per request, in batch order)."""
+        if len(next_token_ids) != len(batch.reqs):
+            raise ValueError(f"expected {len(batch.reqs)} tokens, got {len(next_token_ids)}")
+        outcome = StepOutcome()
+        if batch.kind == "prefill":
+            self._process_prefill(batch, next_token_ids, outcome)
+        else:
+            self._process_decode(batch, next_token_ids, outcome)
+        return outcome
+
+    def _process_prefill(self, batch: ScheduledBatch, tokens: list[int], outcome: StepOutcome) -> None:
+        for req, token in zip(batch.reqs, tokens, strict=True):
+            if req is batch.chunked:
+                # A non-final chunk: its sampled token is discarded; cache what it computed.
+                self.cache.cache_unfinished_req(req)
+                if req.abort_requested:
+                    self._finish_chunked_abort(req, outcome)
+                continue
+            self._append_token(req, token, outcome)
+            if not req.finished:
+                self.cache.cache_unfinished_req(req)
+        assert batch.stats is not None
+        self.events.append(replace(batch.stats, queue_req=len(self.waiting)))  # the queue at log time
+
+    def _finish_chunked_abort(self, req: Req, outcome: StepOutcome) -> None:
+        self.chunked_req = None
+        self._finish(req, FinishReason(FinishKind.ABORT, CLIENT_ABORT_MESSAGE, 499), outcome)
+
+    def _process_decode(self, batch: ScheduledBatch, tokens: list[int], outcome: StepOutcome) -> None:
+        # The hot path of a decode step: one token per running request, appended at C speed; the finish
+        # check runs only for requests that may have finished (length reached, a stop token, an abort,
+        # or every request when a stop-string checker is set). Batch order is kept throughout.
+        reqs = batch.reqs
+        running = self.running
+        assert running.reqs == reqs, "a decode batch is the running batch, in order"
+        deque(map(list.append, running.outs, tokens), maxlen=0)
+        running.after_decode_step()
+        if self.stop_checker is not None:
+            maybe = range(len(reqs))
+        else:
+            candidates = running.reached_length()
+            for stop in self._stop_token_union.intersection(tokens):
+                candidates += _positions(tokens, stop)
+            if self._abort_rids:
+                candidates += [i for i, r in enumerate(reqs) if r.rid in self._abort_rids]
+            maybe = sorted(set(candidates))
+        for i in maybe:
+            req = reqs[i]
+            reason = self._check_finished(req, tokens[i])
+            if reason is not None:
+                self._finish(req, reason, outcome)
+                self._running_has_finished = True
+        self.forward_ct_decode = (self.forward_ct_decode + 1) % (1 << 30)
+        self._generated_since_log += len(batch.reqs)
+        if self.forward_ct_decode % self.decode_log_interval == 0:
+            used = self.num_used_tokens()
+            self.events.append(
+                DecodeBatchStats(
+                    running_req=len(batch.reqs),
+                    num_used_tokens=used,
+                    token_usage=used / self.max_total_num_tokens,
+                    queue_req=len(self.waiting),
+                    generated_tokens=self._generated_since_log,
+                )
+            )
+            self._generated_since_log = 0
+
+    def _append_token(self, req: Req, token: int, outcome: StepOutcome) -> None:
+        req.output_ids.append(token)
+        reason = self._check_finished(req, token)
+        if reason is not None:
+            self._finish(req, reason, outcome)
+
+    def _check_finished(self, req: Req, token: int) -> FinishReason | None:
+        if req.abort_requested:
+            return FinishReason(FinishKind.ABORT, CLIENT_ABORT_MESSAGE, 499)
+        s = req.sampling
+        if len(req.output_ids) >= s.max_new_tokens:
+            return FinishReason(FinishKind.LENGTH, matched=None)
+        if not s.ignore_eos and token in s.stop_token_ids and len(req.output_ids) >= s.min_new_tokens:
+            return FinishReason(FinishKind.STOP, matched=token)
+        if self.stop_checker is not None:
+            matched = self.stop_checker(req)
+            if matched is not None:
+                return FinishReason(FinishKind.STOP, matched=matched)
+        return None
+
+    def _finish(self, req: Req, reason: FinishReason, outcome: StepOutcome) -> None:
+        req.finished_reason = reason
+        self._abort_rids.discard(req.rid)
+        if reason.kind is FinishKind.ABORT:
+            self.cache.release_req(req)
+            self.events.append(RequestAborted(req.rid, reason.message, reason.status_code))
+        else:
+            self.cache.cache_finished_req(req)
+        self.req_slots.free()
+        outcome.finished.append(req)
+
+
+def _positions(items: list[int], value: int) -> list[int]:
+    """Every index of `value` in `items`, found by C-speed scans."""
+    found: list[int] = []
+    i = -1
+    try:
+        while True:
+            i = items.index(value, i + 1)
+            found.append(i)
+    except ValueError:
+        return found

@@ -1,0 +1,63 @@
+"""What the scheduler hands out and takes back: batches, step outcomes, admission records, and the
+messages it ends requests with."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from kvadmit.request import Req
+from kvadmit.scheduler.admission import AddResult, AdmissionPass, Budget
+from kvadmit.scheduler.events import PrefillBatchStats
+
+QUEUE_FULL_MESSAGE = "The request queue is full."
+UNSCHEDULABLE_MESSAGE = (
+    "The request can never be scheduled: even with the KV pool empty it does not pass admission. "
+    "Lower max_new_tokens or use a larger pool."
+)
+MAX_NEW_TOKENS_UNSET = 1 << 30
+
+
+class EngineCrash(RuntimeError):
+    """What an SGLang release before 0.5.10 did when even the last request did not fit: the server died."""
+
+
+@dataclass(slots=True)
+class ScheduledBatch:
+    """A batch for the executor.
+
+    prefill: for each request, compute tokens fill_ids()[prefix_len:fill_len] into slots
+             kv[prefix_len:fill_len], attending to kv[:prefix_len]; sample one token per request.
+    decode:  for each request, compute its last output token into slot kv[-1]; sample one token.
+    """
+
+    kind: Literal["prefill", "decode"]
+    reqs: list[Req]
+    chunked: Req | None = None  # in a prefill: the request whose prompt is still unfinished after it
+    stats: PrefillBatchStats | None = None
+
+
+@dataclass(slots=True)
+class AdmissionRecord:
+    """What one admission pass did, for the batch builder and for `kvadmit capacity` explanations."""
+
+    running_bs: int
+    allocatable: int = 0
+    gate: str | None = None  # why no candidate was looked at: batch_is_full, no_waiting, request_cap, …
+    adder: AdmissionPass | None = None
+    looked_at: list[Req] = field(default_factory=list)  # waiting requests passed to add_one_req
+    verdict: AddResult | None = None  # the last add_one_req result
+    stopped_at: Req | None = None  # the request whose call returned a non-CONTINUE verdict
+    stop_cause: str = "end"  # end of queue, a verdict, or the request cap
+    budgets: list[Budget] = field(default_factory=list)  # before each looked-at request (explain=True)
+
+
+@dataclass(slots=True)
+class StepOutcome:
+    """What one step did. Every request of the batch got one token (its `output_ids[-1]`), except a
+    prefill's unfinished chunk. `finished` lists every request that ended in the step, client aborts
+    included. Aborts also appear as RequestAborted events (for logs and metrics), and aborts outside a
+    step (at arrival, queue full, the last request of a retraction) appear only there: a consumer
+    answers each request once, when it first hears of its end (the Engine does)."""
+
+    finished: list[Req] = field(default_factory=list)  # requests that ended in this step
