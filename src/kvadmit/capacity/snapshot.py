@@ -244,7 +244,7 @@ def build_scheduler(snap: Snapshot) -> Scheduler:
             n = spec.cached_prefix_len
             cache.insert(req.fill_ids()[:n], pool.alloc_extend([], n))
         reqs.append(req)
-    sched.waiting = reqs
+    sched.set_waiting(reqs)
     running: list[Req] = []
     for j, rspec in enumerate(snap.running):
         base = (len(snap.waiting) + j + 1) * stride

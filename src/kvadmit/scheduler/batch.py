@@ -7,8 +7,6 @@ holds back (reference §1.3, confirmed in the scheduler's code). This class does
 
 from __future__ import annotations
 
-from itertools import compress
-
 from kvadmit.request import Req
 
 # Relative error of one floating-point operation, doubled for safety (2^-52 rather than 2^-53).
@@ -90,14 +88,12 @@ class RunningBatch:
         self._min_left = 1 << 62
         self.extend(reqs)
 
-    def drop_finished(self) -> None:
-        """Filter out ended requests, taking their terms out of the sums (Python work per ended one)."""
-        alive = [r.finished_reason is None for r in self.reqs]
-        for req in compress(self.reqs, [not a for a in alive]):
+    def drop_at(self, positions: list[int]) -> None:
+        """Remove the requests at these positions (ascending), taking their terms out of the sums."""
+        for i in reversed(positions):
+            req = self.reqs[i]
             self._count(req, -1)
-        self.reqs = list(compress(self.reqs, alive))
-        self.outs = list(compress(self.outs, alive))
-        self.kvs = list(compress(self.kvs, alive))
+            del self.reqs[i], self.outs[i], self.kvs[i]
         if self._above:
             self._above = [r for r in self._above if r.finished_reason is None]
 

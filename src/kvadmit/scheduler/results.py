@@ -30,7 +30,8 @@ class StepResults:
     forward_ct_decode: int
     decode_log_interval: int
     _generated_since_log: int
-    _running_has_finished: bool
+    _finished_positions: list[int]  # running-batch positions of requests that ended this step
+    _waiting_tokens: int
     _stop_token_union: frozenset[int]
     _abort_rids: set[str]
 
@@ -93,7 +94,7 @@ class StepResults:
             reason = self._check_finished(req, tokens[i])
             if reason is not None:
                 self._finish(req, reason, outcome)
-                self._running_has_finished = True
+                self._finished_positions.append(i)
         self.forward_ct_decode = (self.forward_ct_decode + 1) % (1 << 30)
         self._generated_since_log += len(batch.reqs)
         if self.forward_ct_decode % self.decode_log_interval == 0:

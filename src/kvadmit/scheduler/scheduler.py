@@ -113,7 +113,8 @@ class Scheduler(StepResults):
         self._seq = 0
         self.events: list[Event] = []
         self.last_retract_result: RetractResult | None = None
-        self._running_has_finished = False  # a running request ended since the last filter
+        self._finished_positions: list[int] = []  # running-batch positions of requests that ended
+        self._waiting_tokens = 0  # Σ seqlen over the waiting queue (for #pending-token)
         self._stop_token_union: frozenset[int] = frozenset()  # every stop token id of any request
         self._abort_rids: set[str] = set()  # live requests the client aborted
 
@@ -168,6 +169,7 @@ class Scheduler(StepResults):
         if cap is not None and len(self.waiting) >= cap:
             return self._reject(req, QUEUE_FULL_MESSAGE, 503)
         self.waiting.append(req)
+        self._waiting_tokens += req.seqlen
         return True
 
     def _reject(self, req: Req, message: str, status: int) -> bool:
@@ -180,6 +182,7 @@ class Scheduler(StepResults):
         for i, req in enumerate(self.waiting):
             if req.rid == rid:
                 del self.waiting[i]
+                self._waiting_tokens -= req.seqlen
                 self._reject(req, CLIENT_ABORT_MESSAGE, 499)
                 return True
         in_flight = [*self.running.reqs]
@@ -211,7 +214,9 @@ class Scheduler(StepResults):
             # The pool is as empty as it will ever be and the head of the queue still does not fit.
             # SGLang would wait forever here (e.g. an ignore_eos request with --disable-radix-cache whose
             # max_new_tokens is at the memory cap fails the future-occupancy check); we end it instead.
-            self._reject(self.waiting.pop(0), UNSCHEDULABLE_MESSAGE, 400)
+            head = self.waiting.pop(0)
+            self._waiting_tokens -= head.seqlen
+            self._reject(head, UNSCHEDULABLE_MESSAGE, 400)
             self.running.batch_is_full = False
             batch = self._one_pass()
         return batch
@@ -241,6 +246,11 @@ class Scheduler(StepResults):
             self.running = self._new_running_batch(keep)  # SGLang replaces the empty batch object
         else:
             self.running.extend(keep)
+
+    def set_waiting(self, reqs: list[Req]) -> None:
+        """Replace the waiting queue (to build a scheduling moment, as `capacity --scenario` does)."""
+        self.waiting = list(reqs)
+        self._waiting_tokens = sum(r.seqlen for r in reqs)
 
     def _num_allocatable_reqs(self, running_bs: int) -> int:
         return min(self.max_running_requests - running_bs, self.req_slots.available_size())
@@ -297,8 +307,14 @@ class Scheduler(StepResults):
         if adder is None or not adder.can_run_list:
             return None
         admitted = adder.can_run_list
-        admitted_ids = {id(r) for r in admitted}
-        self.waiting = [r for r in self.waiting if id(r) not in admitted_ids]
+        # Admission walks the queue in order and stops at the first failure, so the requests it took
+        # from the queue are its head.
+        taken = len(admitted) - (chunked is not None)
+        assert all(
+            a is b for a, b in zip(self.waiting[:taken], admitted[-taken:] if taken else [], strict=True)
+        )
+        self._waiting_tokens -= sum([r.seqlen for r in self.waiting[:taken]])
+        del self.waiting[:taken]
         if adder.new_chunked_req is not None:
             self.chunked_req = adder.new_chunked_req
         for req in admitted:
@@ -327,7 +343,7 @@ class Scheduler(StepResults):
         )
 
     def _prefill_stats(self, adder: AdmissionPass, running_bs: int) -> PrefillBatchStats:
-        pending = sum([len(r.origin_input_ids) + len(r.output_ids) for r in self.waiting])
+        pending = self._waiting_tokens
         if self.chunked_req is not None:
             pending += self.chunked_req.seqlen - self.chunked_req.fill_len
         hit = sum(
@@ -358,9 +374,9 @@ class Scheduler(StepResults):
     def _update_running_batch(self) -> ScheduledBatch | None:
         running = self.running
         initial_bs = len(running.reqs)
-        if self._running_has_finished:
-            running.drop_finished()
-            self._running_has_finished = False
+        if self._finished_positions:
+            running.drop_at(self._finished_positions)
+            self._finished_positions = []
         if not running.reqs:
             running.batch_is_full = False
             return None
@@ -481,6 +497,8 @@ class Scheduler(StepResults):
                 f"{self.cache.evictable_size()} + locked {self.cache.protected_size()} + held "
                 f"{held_pages * self.pool.page_size} = {total} != {self.max_total_num_tokens}"
             )
+        if self._waiting_tokens != sum(r.seqlen for r in self.waiting):
+            raise AssertionError(f"waiting-token count {self._waiting_tokens} is out of step with the queue")
         if self.req_slots.size - self.req_slots.available_size() != len(live):
             raise AssertionError(
                 f"request slots: {self.req_slots.size - self.req_slots.available_size()} in use, "
