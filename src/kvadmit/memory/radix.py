@@ -136,9 +136,14 @@ class RadixCache:
     def insert(self, key: list[int], value: list[int]) -> int:
         """Insert key → value; returns how many leading tokens were already cached (their slots in
         `value` are now duplicates the caller must free). New tokens start unlocked (evictable)."""
+        return self._insert(key, value)[0]
+
+    def _insert(self, key: list[int], value: list[int]) -> tuple[int, RadixNode, list[int]]:
+        """insert(), also returning the node the key ends at and the cached slots of its first part."""
         self._tick += 1
         node = self.root
         done = 0
+        cached: list[int] = []
         while key:
             child = node.children.get(self._child_key(key))
             if child is None:
@@ -151,6 +156,7 @@ class RadixCache:
             if n < len(child.key):
                 child = self._split(child, n)
             done += n
+            cached.extend(child.value)
             node = child
             key = key[n:]
             value = value[n:]
@@ -161,7 +167,8 @@ class RadixCache:
             self._evictable += len(key)
             self._nodes += 1
             self._offer(new)
-        return done
+            node = new
+        return done, node, cached
 
     def inc_lock_ref(self, node: RadixNode) -> None:
         while node is not self.root:
@@ -221,25 +228,23 @@ class RadixCache:
         request's lock to it; the request keeps owning its unaligned tail."""
         kv_len = len(req.kv)
         aligned = kv_len - kv_len % self.page_size
-        tokens = req.fill_ids()[:aligned]
-        already = self.insert(tokens, req.kv[:aligned])
-        # Slots [cached_len, already) computed tokens another request had cached meanwhile: drop ours.
+        already, node, cached = self._insert(_head(req, aligned), req.kv[:aligned])
+        # Slots [cached_len, already) computed tokens another request had cached meanwhile: drop ours
+        # and use the cache's.
         if already > req.cached_len:
             self.pool.free(req.kv[req.cached_len : already])
-        match = self.match_prefix(tokens)
-        req.kv[: len(match.value)] = match.value
+            req.kv[req.cached_len : already] = cached[req.cached_len :]
         if req.last_node is not None:
             self.dec_lock_ref(req.last_node)
-        self.inc_lock_ref(match.last_node)
-        req.last_node = match.last_node
-        req.cached_len = len(match.value)
+        self.inc_lock_ref(node)
+        req.last_node = node
+        req.cached_len = aligned
 
     def cache_finished_req(self, req: Req) -> None:
         """A request ended normally: cache its computed tokens (page aligned), free the rest, unlock."""
         kv_len = len(req.kv)
         aligned = kv_len - kv_len % self.page_size
-        tokens = req.fill_ids()[:aligned]
-        already = self.insert(tokens, req.kv[:aligned])
+        already = self.insert(_head(req, aligned), req.kv[:aligned])
         if already > req.cached_len:
             self.pool.free(req.kv[req.cached_len : already])
         if kv_len > aligned:
@@ -277,3 +282,11 @@ class NoPrefixCache(RadixCache):
 
     def cache_finished_req(self, req: Req) -> None:
         self.release_req(req)
+
+
+def _head(req: Req, n: int) -> list[int]:
+    """The first n tokens of prompt + outputs, copying only what is needed."""
+    prompt = req.origin_input_ids
+    if n <= len(prompt):
+        return prompt[:n]
+    return prompt + req.output_ids[: n - len(prompt)]
