@@ -98,7 +98,8 @@ def test_the_running_reservation_is_clipped_at_4096() -> None:
 def test_the_fit_is_strictly_less_than_and_counts_one_page() -> None:
     # 100 + 898 + 1 = 999 < 1000 fits; 100 + 899 + 1 = 1000 does not.
     assert admit({"max_total_tokens": 1000}, [w("c", 100, 898)])["admitted"] == ["c"]
-    assert admit({"max_total_tokens": 1000}, [w("c", 100, 899)])["verdict"] == "NO_TOKEN"
+    refused = admit({"max_total_tokens": 1000}, [w("c", 100, 899)])
+    assert refused["admitted"] == [] and refused["stopped_at"] == "c" and refused["rem_total_tokens"] == 1000
 
 
 def test_classic_releases_have_no_page_term_in_the_fit() -> None:
@@ -212,6 +213,6 @@ def test_the_ignore_eos_check_needs_room_for_every_request_to_finish() -> None:
     # but the simulation needs (1000 − 101) − 900 × 1 > 1 free when it finishes: 899 − 900 ≤ 1 → NO_TOKEN.
     ans = admit({"max_total_tokens": 1000, "disable_radix_cache": True}, [w("c", 100, 900, ignore_eos=True)])
     assert ans["admitted"] == [] and ans["verdict"] == "NO_TOKEN"
-    # With 897 max_new: 899 − 897 = 2 > 1 passes; the normal path's fit is not applied here.
+    # With 897 max_new: 899 − 897 = 2 > 1 passes (test_rules_detail shows a case the normal fit would refuse).
     ok = admit({"max_total_tokens": 1000, "disable_radix_cache": True}, [w("c", 100, 897, ignore_eos=True)])
     assert ok["admitted"] == ["c"]

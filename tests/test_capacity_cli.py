@@ -21,7 +21,7 @@ def test_five_fit_and_a_sixth_would_need_4608() -> None:
     assert run.returncode == 0, run.stderr
     assert "5 run at once" in run.stdout
     assert "6 × (256 + 512) = 4,608 tokens" in run.stdout
-    assert "needs 769" in run.stdout or "769 tokens" in run.stdout
+    assert "(512) plus one page (1): 769 tokens" in run.stdout
 
 
 def test_with_early_stops_the_decaying_ratio_lets_more_in() -> None:

@@ -33,24 +33,6 @@ EOS = 0
 VOCAB = 50  # prompt and ordinary output tokens are 1..VOCAB−1
 CLIENT_ABORT_MESSAGE = "Aborted by the client."
 
-# ----- known bugs ------------------------------------------------------------------------------------
-# Each has a strict xfail reproduction at the end of this file. While a bug is present the random tests
-# steer around it as described here; once it is fixed its xfail test fails: then set the flag to False.
-#
-# The pool loses pages when a request grows inside its last page after some page was freed
-# (TokenPool._take_pages(0) takes every returned page: `lst[-0:]` is the whole list). Every page size
-# above 1 breaks pool accounting within a few steps, so while it lasts the random tests use page size 1.
-KNOWN_BUG_PAGE_LEAK = False
-# A request whose prefill just ran sits only in the scheduler's last batch until the next pass merges it
-# into the running batch, and `abort_request` does not look there: the abort is lost (returns False) and
-# the request runs to completion. The driver tolerates exactly that case.
-KNOWN_BUG_ABORT_LOST_AFTER_PREFILL = False
-# With SGLANG_TEST_RETRACT_NO_PREFILL_BS a chunked prefill waits while requests decode. When the running
-# batch then empties (its last requests finished, or the last one was aborted for lack of memory) and
-# nothing is waiting, next_batch() returns None although the chunk can continue at once. The driver, on
-# a None with a chunked request in flight, asks once more (as SGLang's spinning loop would).
-KNOWN_BUG_IDLE_WITH_CHUNK_IN_FLIGHT = False
-
 
 # ===== workloads =====================================================================================
 @dataclass(frozen=True)
@@ -139,8 +121,6 @@ class Run:
     retractions: list[Retraction] = field(default_factory=list)
     client_aborted: set[str] = field(default_factory=set)  # abort_request returned True
     aborted_in_queue: set[str] = field(default_factory=set)  # ... while it was waiting
-    lost_aborts: set[str] = field(default_factory=set)  # KNOWN_BUG_ABORT_LOST_AFTER_PREFILL
-    spurious_idle: int = 0  # KNOWN_BUG_IDLE_WITH_CHUNK_IN_FLIGHT
     transcript: Transcript = field(default_factory=Transcript)
     call: int = 0
     steps: int = 0
@@ -225,11 +205,7 @@ class Run:
             if was_waiting:
                 self.aborted_in_queue.add(rid)
         else:
-            last = self.sched.last_batch
-            just_prefilled = last is not None and last.kind == "prefill" and req in last.reqs
-            if not (KNOWN_BUG_ABORT_LOST_AFTER_PREFILL and just_prefilled):
-                raise DriverFailure(f"abort_request({rid}) returned False for a live request")
-            self.lost_aborts.add(rid)
+            raise DriverFailure(f"abort_request({rid}) returned False for a live request")
         self._take_events()
         if rid in self.aborted_in_queue:
             assert rid in self.ended_at, f"{rid} was aborted in the queue but not reported ended"
@@ -242,9 +218,6 @@ class Run:
         continuing = self.sched.chunked_req
         retracted_before = len(self.retractions)
         batch = self.sched.next_batch()
-        if batch is None and KNOWN_BUG_IDLE_WITH_CHUNK_IN_FLIGHT and self.sched.chunked_req is not None:
-            self.spurious_idle += 1
-            batch = self.sched.next_batch()
         if batch is not None:
             self.transcript.batches.append((self.call, batch.kind, tuple(r.rid for r in batch.reqs)))
         self._take_events()
@@ -440,7 +413,7 @@ def _tokens(seed: int, n: int) -> tuple[int, ...]:
 @st.composite
 def server_args(draw: st.DrawFn, pressure: bool = False) -> ServerArgs:
     """Any server args; under `pressure`, small pools that retraction has to rescue."""
-    page = 1 if KNOWN_BUG_PAGE_LEAK else draw(st.sampled_from([1, 1, 2, 4, 16]))
+    page = draw(st.sampled_from([1, 1, 2, 4, 16]))
     unit = max(8, page)  # chunk sizes are multiples of the page size, as SGLang requires
     test_retract = draw(st.booleans())
     no_prefill_bs = [2**31, 0, 1] if pressure else [2**31, 2**31, 0, 1]
@@ -654,6 +627,13 @@ def test_client_abort_right_after_a_prefill_is_not_lost() -> None:
     assert batch is not None
     sched.on_batch_done(batch, [5])
     assert sched.abort_request("a")
+    decode = sched.next_batch()  # merged into the running batch; it ends at its next result
+    assert decode is not None and decode.kind == "decode"
+    sched.on_batch_done(decode, [6])
+    assert req.finished_reason == FinishReason(FinishKind.ABORT, "Aborted by the client.", 499)
+    assert req.output_ids == [5, 6]
+    sched.cache.reset()
+    assert sched.pool.available_size() == 256
 
 
 def test_next_batch_continues_a_chunked_prefill_once_the_running_batch_empties() -> None:

@@ -95,11 +95,31 @@ def test_the_printed_ratio_is_the_formulas() -> None:
         cost=CostModel.simple(decode_step_ms=20, prefill_tokens_per_s=10_000),
         max_concurrency=256,
     )
+    from kvadmit.scheduler.events import Retraction
+
+    pending: list[Retraction] = []
+    checked: list[float] = []
+
+    def on_event(event: object, now: float) -> None:
+        if isinstance(event, Retraction):
+            pending.append(event)
+
+    def on_step(batch: object, result: object, now: float) -> None:
+        # The decode step right after a retraction runs exactly the requests that stayed; each now has
+        # one more output than when the ratio was computed.
+        if pending:
+            event = pending.pop()
+            kept = batch.reqs  # type: ignore[attr-defined]
+            outs = sum(len(q.output_ids) - 1 for q in kept)
+            max_new = sum(q.sampling.max_new_tokens for q in kept)
+            assert event.new_ratio == min(1.0, (outs + 20 * len(kept)) / (max_new + 1))
+            checked.append(event.new_ratio)
+
     lines: list[str] = []
-    result = simulate(cfg, emit_log=lines.append)
-    assert result.retractions >= 1
-    for fields in parsed(lines, loglines.RETRACT):
-        assert 0.098 < float(fields["new_ratio"]) <= 1.0  # type: ignore[arg-type]
+    result = simulate(cfg, emit_log=lines.append, watch_steps=(on_step,), watch_events=(on_event,))
+    assert result.retractions >= 1 and len(checked) == result.retractions
+    printed = [fields["new_ratio"] for fields in parsed(lines, loglines.RETRACT)]
+    assert printed == [round(r, 4) for r in checked]
 
 
 def test_a_seed_makes_a_run_reproducible() -> None:

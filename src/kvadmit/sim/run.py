@@ -58,6 +58,7 @@ def simulate(
     request_trace: IO[str] | None = None,
     step_trace: IO[str] | None = None,
     watch_steps: tuple[StepObserver, ...] = (),
+    watch_events: tuple[Callable[[Event, float], None], ...] = (),
 ) -> SimResult:
     specs, rng = build_workload(cfg.workload)
     scheduler = Scheduler(cfg.args, context_len=cfg.context_len, eos_token_ids=frozenset({EOS_TOKEN_ID}))
@@ -74,6 +75,7 @@ def simulate(
 
     observers.append(count)
     observers.append(client.observe)
+    observers.extend(watch_events)
     if emit_log is not None:
         writer = SGLangLogWriter(
             emit_log,

@@ -22,7 +22,10 @@ class SimRequest:
     max_new_tokens: int  # what the client asks for
     true_output_len: int | None  # the token that is EOS (None: it never stops early)
     ignore_eos: bool
-    offset: int  # random-ids: token j of the prompt is (offset + index + j) % vocab_size
+    # random-ids: token j of the prompt is (offset + index + j) % vocab_size, offsets drawn with
+    # randint(0, vocab_size) — bench_serving 0.5.22's sample_random_requests (sglang/benchmark/datasets/
+    # random.py in the PyPI wheel), not spelled out in the reference.
+    offset: int
 
     def prompt(self, vocab_size: int) -> list[int]:
         """Token j is (offset + index + j) % vocab_size, built from whole ranges."""
