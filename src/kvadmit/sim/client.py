@@ -51,7 +51,8 @@ class SimClient:
         self.flights: dict[str, _Flight] = {}
         self.true_output_len: dict[str, int] = {}
         self.finished_rids: list[str] = []  # in the order requests ended (no Req kept alive)
-        self.decode_times: list[float] = []  # end time of every decode step
+        self._decode_times = np.empty(4096)  # end times of the decode steps so far (first n_decode)
+        self.n_decode = 0
 
     def schedule(self, arrival: float, spec: SimRequest, outcome: RequestOutcome | None, rid: str) -> None:
         self.queue.append((arrival, rid, spec, outcome))
@@ -89,9 +90,12 @@ class SimClient:
     # ----- Listener ------------------------------------------------------------------------------
     def on_step(self, batch: ScheduledBatch, now: float) -> None:
         if batch.kind == "decode":
-            self.decode_times.append(now)
+            if self.n_decode == len(self._decode_times):
+                self._decode_times = np.concatenate((self._decode_times, np.empty(self.n_decode)))
+            self._decode_times[self.n_decode] = now
+            self.n_decode += 1
             return
-        next_decode = len(self.decode_times)
+        next_decode = self.n_decode
         for req in batch.reqs:
             if req is batch.chunked:
                 continue  # an unfinished chunk streams nothing
@@ -108,7 +112,7 @@ class SimClient:
                     self._close_run(flight)
 
     def _close_run(self, flight: _Flight) -> None:
-        last = len(self.decode_times) - 1
+        last = self.n_decode - 1
         if 0 <= flight.decoding_from <= last:
             flight.pieces.append((flight.decoding_from, last))
         flight.decoding_from = -1
@@ -137,10 +141,10 @@ class SimClient:
 
     def _token_times(self, flight: _Flight) -> np.ndarray:
         parts: list[np.ndarray] = []
-        decode = self.decode_times
+        decode = self._decode_times
         for piece in flight.pieces:
             if isinstance(piece, tuple):
-                parts.append(np.asarray(decode[piece[0] : piece[1] + 1], dtype=float))
+                parts.append(decode[piece[0] : piece[1] + 1])
             else:
                 parts.append(np.asarray([piece], dtype=float))
         return np.concatenate(parts) if parts else np.empty(0)
