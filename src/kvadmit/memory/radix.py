@@ -39,7 +39,8 @@ class MatchResult(NamedTuple):
 def _common_len(a: list[int], b: list[int], page: int) -> int:
     """Length of the common prefix of a and b, rounded down to a whole page."""
     n = min(len(a), len(b))
-    if a[:n] == b[:n]:
+    # Compare without copying the shorter side (slices copy).
+    if (a if len(a) == n else a[:n]) == (b if len(b) == n else b[:n]):
         return n - n % page
     i = 0
     while a[i] == b[i]:
@@ -113,7 +114,8 @@ class RadixCache:
     def match_prefix(self, key: list[int]) -> MatchResult:
         """Longest cached prefix of `key` (page aligned). Splits a node the match ends inside."""
         self._tick += 1
-        key = key[: len(key) - len(key) % self.page_size]
+        if len(key) % self.page_size:
+            key = key[: len(key) - len(key) % self.page_size]
         node = self.root
         value: list[int] = []
         while key:
