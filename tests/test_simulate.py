@@ -334,3 +334,18 @@ def test_stop_lengths_can_come_from_a_file(tmp_path: object) -> None:
     rows = [json.loads(line) for line in trace.read_text().splitlines()]
     assert [r["output_len"] for r in rows] == [3, 5, 3, 5]
     assert all(r["max_new_tokens"] == 64 for r in rows)
+
+
+def test_prompts_that_never_fit_fail_the_warm_up_or_are_counted_failed() -> None:
+    base = [sys.executable, "-m", "kvadmit", "simulate", "--max-total-tokens", "100", "--num-prompts", "3",
+            "--random-input-len", "200", "--random-range-ratio", "1", "--quiet"]  # fmt: skip
+    warm = subprocess.run(base, capture_output=True, text=True, timeout=60, check=False)
+    # max_req_len = min(32768 − 1, 100 − 1) = 99: a 200-token prompt is refused at arrival.
+    assert warm.returncode == 2 and "the warm-up request failed: Input length (200 tokens)" in warm.stderr
+    assert len(warm.stderr.strip().splitlines()) == 1 and "Traceback" not in warm.stderr
+    run_ = subprocess.run(
+        [*base, "--warmup-requests", "0"], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert run_.returncode == 0, run_.stderr
+    assert any(line.split()[:3] == ["Successful", "requests:", "0"] for line in run_.stdout.splitlines())
+    assert "3 of 3 requests failed" in run_.stderr

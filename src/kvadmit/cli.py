@@ -183,7 +183,7 @@ def _run_simulate(ns: argparse.Namespace) -> int:
 
     from kvadmit.bench.summary import render_summary
     from kvadmit.executor.costmodel import CostModel, CostModelError
-    from kvadmit.sim.run import SimConfig, simulate
+    from kvadmit.sim.run import SimConfig, WarmupFailed, simulate
     from kvadmit.sim.workload import WorkloadSpec
 
     if ns.max_total_tokens is None:
@@ -238,7 +238,16 @@ def _run_simulate(ns: argparse.Namespace) -> int:
         except OSError as e:
             raise UsageError(f"cannot write {e.filename!r}: {e.strerror}") from None
         emit = None if ns.quiet else (lambda line: log.write(line + "\n"))
-        result = simulate(cfg, emit_log=emit, request_trace=requests, step_trace=steps)
+        try:
+            result = simulate(cfg, emit_log=emit, request_trace=requests, step_trace=steps)
+        except WarmupFailed as e:
+            raise UsageError(str(e)) from None
+    failed = [o for o in result.outcomes if not o.success]
+    if failed:
+        print(
+            f"{len(failed)} of {len(result.outcomes)} requests failed; the first: {failed[0].error}",
+            file=sys.stderr,
+        )
     print(
         render_summary(
             result.metrics,

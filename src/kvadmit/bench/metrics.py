@@ -94,6 +94,7 @@ def peak_per_second(outcomes: Sequence[RequestOutcome]) -> tuple[float, int]:
 
 def calculate_metrics(outcomes: Sequence[RequestOutcome], duration_s: float) -> BenchmarkMetrics:
     ok = [o for o in outcomes if o.success]
+    per_s = 1.0 / duration_s if duration_s > 0 else 0.0  # a run where nothing ran reports 0 throughput
     total_input = sum(o.prompt_len for o in ok)
     total_output = sum(o.output_len for o in ok)
     tpots = [(o.latency - o.ttft) / (o.output_len - 1) for o in ok if o.output_len > 1]
@@ -106,13 +107,13 @@ def calculate_metrics(outcomes: Sequence[RequestOutcome], duration_s: float) -> 
         total_input_text=total_input,
         total_output=total_output,
         total_output_retokenized=sum(o.retokenized_output_len for o in ok),
-        request_throughput=len(ok) / duration_s,
-        input_throughput=total_input / duration_s,
-        output_throughput=total_output / duration_s,
-        total_throughput=(total_input + total_output) / duration_s,
+        request_throughput=len(ok) * per_s,
+        input_throughput=total_input * per_s,
+        output_throughput=total_output * per_s,
+        total_throughput=(total_input + total_output) * per_s,
         max_output_tokens_per_s=peak_tokens,
         max_concurrent_requests=peak_requests,
-        concurrency=sum(e2e) / duration_s,  # the client's average number of open requests
+        concurrency=sum(e2e) * per_s,  # the client's average number of open requests
         e2e_ms=_stats(e2e),
         ttft_ms=_stats([o.ttft for o in ok]),
         tpot_ms=_stats(tpots),

@@ -51,6 +51,8 @@ class SimClient:
         self.flights: dict[str, _Flight] = {}
         self.true_output_len: dict[str, int] = {}
         self.finished_rids: list[str] = []  # in the order requests ended (no Req kept alive)
+        self.warmup_ok = 0
+        self.warmup_errors: list[str] = []
         self._decode_times = np.empty(4096)  # end times of the decode steps so far (first n_decode)
         self.n_decode = 0
 
@@ -124,9 +126,13 @@ class SimClient:
         self._close_run(flight)
         self.finished_rids.append(req.rid)
         out = flight.outcome
-        if out is None:
-            return
         reason = req.finished_reason
+        if out is None:  # a warm-up request
+            if reason is not None and reason.kind is FinishKind.ABORT:
+                self.warmup_errors.append(reason.message)
+            else:
+                self.warmup_ok += 1
+            return
         out.latency = now - flight.sent
         if reason is not None and reason.kind is FinishKind.ABORT:
             out.success = False

@@ -25,6 +25,10 @@ from kvadmit.sim.workload import WorkloadSpec, build_workload
 DEFAULT_START = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
 
+class WarmupFailed(RuntimeError):
+    """No warm-up request succeeded (bench_serving stops there too): the message says why."""
+
+
 class SimulationStalled(RuntimeError):
     """Requests are in flight but the scheduler has nothing to run (a bug if it ever happens)."""
 
@@ -154,6 +158,8 @@ def _simulate(
         for k in range(cfg.warmup_requests):
             client.schedule(clock.now(), warm, None, f"warmup-{k}")
         run_until_idle()
+        if not client.warmup_ok:
+            raise WarmupFailed(f"the warm-up request failed: {client.warmup_errors[0]}")
         clock.advance(1.0)  # bench_serving sleeps a second before the measured run
 
     start = clock.now()
