@@ -131,3 +131,12 @@ def test_a_malformed_scenario_is_one_line_and_exit_status_2(tmp_path: Path, text
     run = kvadmit("capacity", "--scenario", write(tmp_path, "bad.json", text))
     assert run.returncode == 2
     assert message in run.stderr and len(run.stderr.strip().splitlines()) == 1
+
+
+def test_an_output_above_the_memory_cap_is_capped_as_the_server_would() -> None:
+    # §1.9 arrival cap: min(max_req_len − input − 1, pool − ceil_page(input) − page − 1)
+    # = min(4095 − 256 − 1, 4096 − 256 − 1 − 1) = 3838; then 256 + 3838 + 1 = 4095 < 4096 fits alone.
+    run = kvadmit("capacity", "--max-total-tokens", "4096", "--input-len", "256", "--output-len", "100000")
+    assert run.returncode == 0, run.stderr
+    assert "caps max_new_tokens 100,000 at 3,838" in run.stdout
+    assert "1 run at once; a 2nd would need 2 × (256 + 3,838) = 8,188" in run.stdout

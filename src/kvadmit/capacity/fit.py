@@ -85,6 +85,11 @@ def validate(q: FitQuestion) -> None:
         )
 
 
+def _ordinal(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
 def explain_fit(q: FitQuestion) -> dict[str, object]:
     """The answer as data and as sentences."""
     validate(q)
@@ -92,10 +97,22 @@ def explain_fit(q: FitQuestion) -> dict[str, object]:
     pool = args.max_total_tokens or 0
     page = args.page_size
     clip = args.knobs.clip_max_new_tokens_estimation
+    # The server caps max_new_tokens at arrival so that a request fits an empty pool (reference §1.9).
+    context = args.context_length or pool
+    ceil_input = -(-q.input_len // page) * page
+    cap = min(min(context - 1, pool - 1) - q.input_len - 1, pool - ceil_input - page - 1)
+    capped_note = []
+    if q.output_len > cap:
+        capped_note.append(
+            f"The server caps max_new_tokens {q.output_len:,} at {cap:,} on arrival (a request must fit an "
+            f"empty {pool:,}-token pool with its prompt and one page), so that is what it reserves."
+        )
+        q = replace(q, output_len=cap)
     reserved = min(q.output_len, clip)
     charge = -(-q.input_len // page) * page + page + reserved
     admitted = first_pass(q)
     lines = [
+        *capped_note,
         f"Each new request must fit its uncached prompt ({q.input_len:,}) plus its max_new_tokens "
         f"clipped to {clip:,} ({reserved:,}) plus one page ({page}): "
         f"{q.input_len + reserved + page:,} tokens, strictly less than what remains of the "
@@ -109,12 +126,18 @@ def explain_fit(q: FitQuestion) -> dict[str, object]:
         "per_request_tokens": q.input_len + q.output_len,
         "first_pass_admitted": admitted,
     }
-    if q.ignore_eos and q.ratio is None:
+    if q.ignore_eos and (q.ratio is None or args.profile.ignore_eos_reserves_in_full):
         n = running_at_once(q, 1.0)
         result["running_at_once"] = n
+        if q.ratio is not None:
+            lines.append(
+                f"(--ratio {q.ratio} does not apply: SGLang {args.profile.name} reserves in full for "
+                "ignore_eos requests; add --no-ignore-eos for requests that stop early.)"
+            )
         lines.append(
             f"With ignore_eos every request generates all {q.output_len:,} tokens, so a running request "
-            f"holds back its whole remaining output (ratio 1.0): {n} run at once; a {n + 1}th would need "
+            f"holds back its whole remaining output (ratio 1.0): {n} run at once; a {_ordinal(n + 1)} would "
+            "need "
             f"{n + 1} × ({q.input_len:,} + {q.output_len:,}) = {(n + 1) * (q.input_len + q.output_len):,} "
             f"tokens of the {pool:,}-token pool."
         )
