@@ -1,0 +1,48 @@
+"""Load a model from a Hugging Face folder: config.json and *.safetensors (one file or shards)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from kvadmit.model.llama import CausalLM, ModelConfig
+
+SUPPORTED = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+
+
+class ModelLoadError(ValueError):
+    """The folder is not a model we can load; the message says what is missing or unsupported."""
+
+
+def load_hf_folder(path: str | Path, dtype: torch.dtype = torch.float32) -> CausalLM:
+    from safetensors.torch import load_file
+
+    folder = Path(path)
+    config_path = folder / "config.json"
+    if not config_path.is_file():
+        raise ModelLoadError(f"{folder} has no config.json")
+    cfg_dict = json.loads(config_path.read_text())
+    arch = (cfg_dict.get("architectures") or ["?"])[0]
+    if arch not in SUPPORTED:
+        raise ModelLoadError(
+            f"{folder}: architecture {arch} is not supported; supported: {', '.join(SUPPORTED)}"
+        )
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise ModelLoadError(f"{folder} has no *.safetensors weights")
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        state.update(load_file(str(f)))
+    model = CausalLM(ModelConfig.from_hf(cfg_dict))
+    if model.cfg.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [m for m in missing if not (m == "lm_head.weight" and model.cfg.tie_word_embeddings)]
+    if missing or unexpected:
+        raise ModelLoadError(
+            f"{folder}: weights do not match the architecture (missing {missing[:3]}, "
+            f"unexpected {unexpected[:3]})"
+        )
+    return model.to(dtype).eval()

@@ -1,0 +1,96 @@
+"""The pool-indexed transformer against transformers' own implementation, on tiny random models."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from kvadmit.model.llama import CausalLM, Sequence
+from kvadmit.model.loading import load_hf_folder
+
+transformers = pytest.importorskip("transformers")
+
+TINY = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=256)  # fmt: skip
+
+
+def save_tiny(tmp_path: Path, kind: str, **extra: object) -> tuple[object, Path]:
+    torch.manual_seed(0)
+    if kind == "llama":
+        cfg = transformers.LlamaConfig(**TINY, rope_theta=10000.0, **extra)
+        model = transformers.LlamaForCausalLM(cfg)
+    elif kind == "qwen2":
+        cfg = transformers.Qwen2Config(**TINY, **extra)
+        model = transformers.Qwen2ForCausalLM(cfg)
+    else:
+        cfg = transformers.Qwen3Config(**TINY, head_dim=16, **extra)
+        model = transformers.Qwen3ForCausalLM(cfg)
+    model = model.float().eval()
+    folder = tmp_path / kind
+    model.save_pretrained(folder, safe_serialization=True)
+    return model, folder
+
+
+def reference_logits(model: object, ids: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0]  # type: ignore[operator]
+
+
+def prefill(
+    ours: CausalLM, pool: list, prompts: list[list[int]], first_slot: int = 0
+) -> tuple[torch.Tensor, list]:
+    """One ragged prefill of several prompts into consecutive slots; returns last-token logits, slots."""
+    ids, pos, seqs, slot = [], [], [], first_slot
+    for p in prompts:
+        slots = torch.arange(slot, slot + len(p))
+        slot += len(p)
+        ids += p
+        pos += range(len(p))
+        seqs.append(Sequence(slots, len(p)))
+    return ours(torch.tensor(ids), torch.tensor(pos), seqs, pool), [s.slots for s in seqs]
+
+
+@pytest.mark.parametrize(("kind", "extra"), [("llama", {}), ("llama", {"tie_word_embeddings": True}),
+                                             ("qwen2", {}), ("qwen3", {})])  # fmt: skip
+def test_prefill_and_decode_match_transformers(tmp_path: Path, kind: str, extra: dict[str, object]) -> None:
+    ref, folder = save_tiny(tmp_path, kind, **extra)
+    ours = load_hf_folder(folder)
+    pool = ours.new_kv_pool(256)
+    prompt = [5, 17, 3, 88, 41, 9, 60, 2, 33, 71]
+    logits, (slots,) = prefill(ours, pool, [prompt])
+    torch.testing.assert_close(logits[0], reference_logits(ref, prompt)[-1], atol=1e-4, rtol=1e-4)
+    # Decode five more tokens, one step at a time, each into the next free slot (scattered on purpose).
+    seq_ids, seq_slots = list(prompt), slots
+    for step, token in enumerate([12, 44, 7, 90, 1]):
+        new_slot = torch.tensor([200 - step])
+        seq_slots = torch.cat([seq_slots, new_slot])
+        seq_ids.append(token)
+        out = ours(torch.tensor([token]), torch.tensor([len(seq_ids) - 1]), [Sequence(seq_slots, 1)], pool)
+        torch.testing.assert_close(out[0], reference_logits(ref, seq_ids)[-1], atol=1e-4, rtol=1e-4)
+
+
+def test_a_ragged_batch_and_a_cached_prefix_give_each_sequence_its_own_logits(tmp_path: Path) -> None:
+    ref, folder = save_tiny(tmp_path, "llama")
+    ours = load_hf_folder(folder)
+    pool = ours.new_kv_pool(256)
+    a, b = [1, 2, 3, 4, 5, 6, 7], [9, 8, 7]
+    logits, (slots_a, _) = prefill(ours, pool, [a, b])
+    torch.testing.assert_close(logits[0], reference_logits(ref, a)[-1], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(logits[1], reference_logits(ref, b)[-1], atol=1e-4, rtol=1e-4)
+    # A third sequence reuses a's first five slots as its cached prefix and computes two new tokens.
+    c = [*a[:5], 50, 51]
+    slots_c = torch.cat([slots_a[:5], torch.tensor([100, 101])])
+    out = ours(torch.tensor([50, 51]), torch.tensor([5, 6]), [Sequence(slots_c, 2)], pool)
+    torch.testing.assert_close(out[0], reference_logits(ref, c)[-1], atol=1e-4, rtol=1e-4)
+
+
+def test_llama3_rope_scaling_matches_transformers(tmp_path: Path) -> None:
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 64}  # fmt: skip
+    ref, folder = save_tiny(tmp_path, "llama", rope_scaling=scaling)
+    ours = load_hf_folder(folder)
+    prompt = list(range(1, 90))
+    logits, _ = prefill(ours, ours.new_kv_pool(128), [prompt])
+    torch.testing.assert_close(logits[0], reference_logits(ref, prompt)[-1], atol=1e-4, rtol=1e-4)
