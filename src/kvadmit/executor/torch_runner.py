@@ -1,0 +1,42 @@
+"""The real executor: runs the scheduler's batches through the PyTorch model, its KV in the token pool.
+
+A prefill computes each request's tokens fill_ids()[prefix_len:fill_len] into slots kv[prefix_len:
+fill_len], attending to everything before them; a decode computes each request's last output token into
+slot kv[-1]. Either way the request's slots, in position order, are exactly kv[:end]. Sampling here is
+greedy (the sampling issue adds the rest).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from kvadmit.executor.base import StepResult
+from kvadmit.model.llama import CausalLM, Sequence
+from kvadmit.scheduler.types import ScheduledBatch
+
+
+class TorchExecutor:
+    def __init__(self, model: CausalLM, pool_size: int, dtype: torch.dtype | None = None) -> None:
+        self.model = model
+        self.kv_pool = model.new_kv_pool(pool_size, dtype)
+
+    def run(self, batch: ScheduledBatch) -> StepResult:
+        start = time.perf_counter()
+        ids: list[int] = []
+        positions: list[int] = []
+        seqs: list[Sequence] = []
+        for req in batch.reqs:
+            if batch.kind == "prefill":
+                begin, end = req.prefix_len, req.fill_len
+                ids += req.fill_ids()[begin:end]
+            else:
+                end = len(req.kv)  # the last output token's slot was just allocated
+                begin = end - 1
+                ids.append(req.output_ids[-1])
+            positions += range(begin, end)
+            seqs.append(Sequence(torch.tensor(req.kv[:end]), end - begin))
+        logits = self.model(torch.tensor(ids), torch.tensor(positions), seqs, self.kv_pool)
+        tokens = logits.argmax(dim=-1).tolist()
+        return StepResult(tokens, time.perf_counter() - start)
