@@ -1,0 +1,75 @@
+"""Token sampling with SGLang's parameter names and order: temperature, then top-k, top-p and min-p on the
+probabilities, then a draw from the renormalised rest. temperature 0 is greedy; a per-request seed makes a
+request's draws reproducible whatever else is in its batch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+class SamplingError(ValueError):
+    """A sampling parameter is out of range; the message names it and says what is allowed."""
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # −1: all tokens
+    min_p: float = 0.0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.temperature >= 0:
+            raise SamplingError(f"temperature must be ≥ 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise SamplingError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k == 0 or self.top_k < -1:
+            raise SamplingError(f"top_k must be −1 (all) or ≥ 1, got {self.top_k}")
+        if not 0 <= self.min_p <= 1:
+            raise SamplingError(f"min_p must be in [0, 1], got {self.min_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0 or self.top_k == 1
+
+
+def filtered_probs(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
+    """The distribution a request samples from: [vocab] probabilities summing to 1."""
+    probs = torch.softmax(logits.float() / p.temperature, dim=-1)
+    sorted_probs, order = probs.sort(descending=True)
+    keep = torch.ones_like(sorted_probs, dtype=torch.bool)
+    if p.top_k > 0:
+        keep[p.top_k :] = False
+    if p.top_p < 1:
+        # Keep the smallest head whose mass reaches top_p: drop a token once the mass before it does.
+        before = sorted_probs.cumsum(0) - sorted_probs
+        keep &= before < p.top_p
+    if p.min_p > 0:
+        keep &= sorted_probs >= sorted_probs[0] * p.min_p
+    kept = torch.where(keep, sorted_probs, torch.zeros_like(sorted_probs))
+    out = torch.zeros_like(probs)
+    out[order] = kept / kept.sum()
+    return out
+
+
+class Sampler:
+    """Draws one token per request; a seeded request gets its own generator, kept across steps."""
+
+    def __init__(self, default_seed: int = 0) -> None:
+        self._shared = torch.Generator().manual_seed(default_seed)
+        self._seeded: dict[str, torch.Generator] = {}
+
+    def sample(self, rid: str, logits: torch.Tensor, p: SamplingParams) -> int:
+        if p.greedy:
+            return int(logits.argmax())
+        gen = self._shared
+        if p.seed is not None:
+            gen = self._seeded.get(rid) or self._seeded.setdefault(rid, torch.Generator().manual_seed(p.seed))
+        return int(torch.multinomial(filtered_probs(logits, p), 1, generator=gen))
+
+    def forget(self, rid: str) -> None:
+        """Drop a finished request's generator."""
+        self._seeded.pop(rid, None)
