@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvadmit.model.sampling import Sampler, SamplingError, SamplingParams, filtered_probs
+from kvadmit.model.sampling import Sampler, filtered_probs
+from kvadmit.sampling_params import SamplingError, SamplingParams
 
 # Probabilities 0.5, 0.25, 0.125, 0.0625, 0.0625 (as logits: their logs; temperature 1 keeps them).
 PROBS = torch.tensor([0.5, 0.25, 0.125, 0.0625, 0.0625])

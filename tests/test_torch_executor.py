@@ -12,6 +12,8 @@ from helpers import make_req
 from kvadmit.config import SchedulerKnobs, ServerArgs
 from kvadmit.executor.torch_runner import TorchExecutor
 from kvadmit.model.loading import load_hf_folder
+from kvadmit.request import Req
+from kvadmit.sampling_params import SamplingParams
 from kvadmit.scheduler.events import Retraction
 from kvadmit.scheduler.scheduler import Scheduler
 
@@ -52,6 +54,12 @@ def run(sched: Scheduler, executor: TorchExecutor) -> list[object]:
     raise AssertionError("did not finish")
 
 
+def greedy_req(rid: str, prompt: list[int], max_new: int, ignore_eos: bool = False) -> Req:
+    q = make_req(rid, prompt=prompt, max_new_tokens=max_new, ignore_eos=ignore_eos)
+    q.params = SamplingParams(temperature=0.0)
+    return q
+
+
 PROMPTS = [[5, 17, 3, 88, 41, 9, 60, 2], [33, 71, 12, 44, 7, 90, 1, 8, 19, 23, 42], [3, 3, 3, 3, 3]]
 
 
@@ -62,7 +70,7 @@ def test_scheduled_greedy_outputs_equal_transformers(tiny: tuple[object, Path], 
         ServerArgs(max_total_tokens=512, page_size=page_size, chunked_prefill_size=8), context_len=512
     )
     executor = TorchExecutor(load_hf_folder(folder), sched.pool.size)
-    reqs = [make_req(f"r{i}", prompt=p, max_new_tokens=12, ignore_eos=True) for i, p in enumerate(PROMPTS)]
+    reqs = [greedy_req(f"r{i}", p, 12, ignore_eos=True) for i, p in enumerate(PROMPTS)]
     for q in reqs:
         sched.add_request(q)
     run(sched, executor)
@@ -77,10 +85,31 @@ def test_retraction_and_re_prefill_continue_the_same_text(tiny: tuple[object, Pa
     knobs = SchedulerKnobs(test_retract=True, test_retract_interval=3)
     sched = Scheduler(ServerArgs(max_total_tokens=512, knobs=knobs), context_len=512)
     executor = TorchExecutor(load_hf_folder(folder), sched.pool.size)
-    reqs = [make_req(f"r{i}", prompt=p, max_new_tokens=20) for i, p in enumerate(PROMPTS)]
+    reqs = [greedy_req(f"r{i}", p, 20) for i, p in enumerate(PROMPTS)]
     for q in reqs:
         sched.add_request(q)
     events = run(sched, executor)
     assert sum(1 for e in events if isinstance(e, Retraction) and e.rids) >= 3
     for q, p in zip(reqs, PROMPTS, strict=True):
         assert q.output_ids == greedy(ref, p, 20), q.rid
+
+
+def test_seeded_sampling_through_the_scheduler_is_reproducible(tiny: tuple[object, Path]) -> None:
+    _, folder = tiny
+    model = load_hf_folder(folder)
+
+    def outputs(executor_seed: int) -> list[list[int]]:
+        sched = Scheduler(ServerArgs(max_total_tokens=512), context_len=512)
+        executor = TorchExecutor(model, sched.pool.size, seed=executor_seed)
+        reqs = []
+        for i, p in enumerate(PROMPTS):
+            q = make_req(f"r{i}", prompt=p, max_new_tokens=15, ignore_eos=True)
+            q.params = SamplingParams(temperature=1.0, top_p=0.9, seed=100 + i)
+            reqs.append(q)
+            sched.add_request(q)
+        run(sched, executor)
+        return [q.output_ids for q in reqs]
+
+    first = outputs(executor_seed=1)
+    assert outputs(executor_seed=2) == first  # each request's own seed decides its draws
+    assert first != [greedy(tiny[0], p, 15) for p in PROMPTS]  # and they are draws, not argmax

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING
 
+from kvadmit.sampling_params import SamplingParams
+
 if TYPE_CHECKING:
     from kvadmit.memory.radix import RadixNode
 
@@ -46,6 +48,7 @@ class Req:
     rid: str
     origin_input_ids: list[int]
     sampling: SamplingLimits = field(default_factory=SamplingLimits)
+    params: SamplingParams = field(default_factory=SamplingParams)  # how its tokens are drawn
     output_ids: list[int] = field(default_factory=list)
     seq: int = 0  # arrival order, for fcfs ties and deterministic ordering
 

@@ -2,8 +2,8 @@
 
 A prefill computes each request's tokens fill_ids()[prefix_len:fill_len] into slots kv[prefix_len:
 fill_len], attending to everything before them; a decode computes each request's last output token into
-slot kv[-1]. Either way the request's slots, in position order, are exactly kv[:end]. Sampling here is
-greedy (the sampling issue adds the rest).
+slot kv[-1]. Either way the request's slots, in position order, are exactly kv[:end]. Each request's
+next token is drawn with its own sampling parameters (greedy ones by argmax).
 """
 
 from __future__ import annotations
@@ -14,13 +14,17 @@ import torch
 
 from kvadmit.executor.base import StepResult
 from kvadmit.model.llama import CausalLM, Sequence
+from kvadmit.model.sampling import Sampler
 from kvadmit.scheduler.types import ScheduledBatch
 
 
 class TorchExecutor:
-    def __init__(self, model: CausalLM, pool_size: int, dtype: torch.dtype | None = None) -> None:
+    def __init__(
+        self, model: CausalLM, pool_size: int, dtype: torch.dtype | None = None, seed: int = 0
+    ) -> None:
         self.model = model
         self.kv_pool = model.new_kv_pool(pool_size, dtype)
+        self.sampler = Sampler(seed)
 
     def run(self, batch: ScheduledBatch) -> StepResult:
         start = time.perf_counter()
@@ -38,5 +42,9 @@ class TorchExecutor:
             positions += range(begin, end)
             seqs.append(Sequence(torch.tensor(req.kv[:end]), end - begin))
         logits = self.model(torch.tensor(ids), torch.tensor(positions), seqs, self.kv_pool)
-        tokens = logits.argmax(dim=-1).tolist()
+        greedy = logits.argmax(dim=-1).tolist()
+        tokens = [
+            token if req.params.greedy else self.sampler.sample(req.rid, logits[i], req.params)
+            for i, (req, token) in enumerate(zip(batch.reqs, greedy, strict=True))
+        ]
         return StepResult(tokens, time.perf_counter() - start)
