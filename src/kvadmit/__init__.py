@@ -2,3 +2,14 @@
 decisions, and the tools to see why requests wait."""
 
 __version__ = "0.1.0"
+
+__all__ = ["Engine"]
+
+
+def __getattr__(name: str) -> object:
+    """`kvadmit.Engine` loads torch only when asked for."""
+    if name == "Engine":
+        from kvadmit.api import Engine
+
+        return Engine
+    raise AttributeError(name)

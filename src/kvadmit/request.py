@@ -61,6 +61,7 @@ class Req:
     match_slots: list[int] = field(default_factory=list)  # the matched prefix's slots
     fill_len: int = 0  # tokens of prompt + outputs this round's prefill computes up to (chunk end)
     extend_input_len: int = 0  # tokens computed by the current prefill (fill_len − prefix_len)
+    cached_tokens: int = 0  # prompt tokens served from the prefix cache at its first prefill
     is_retracted: bool = False
     retraction_count: int = 0
     finished_reason: FinishReason | None = None

@@ -269,6 +269,8 @@ class AdmissionPass:
             reserved = min(req.sampling.max_new_tokens, self.clip)
         req.extend_input_len = extend
         req.fill_len = req.prefix_len + extend
+        if req.retraction_count == 0:
+            req.cached_tokens = req.prefix_len
         req.last_node = req.match_node
         req.kv = list(req.match_slots)
         req.cached_len = len(req.match_slots)

@@ -1,0 +1,94 @@
+"""kvadmit.Engine on a tiny random model with a real tokenizer: batching changes nothing, stop strings,
+meta info, and the pool comes back whole."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+tokenizers = pytest.importorskip("tokenizers")
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    folder = tmp_path_factory.mktemp("tiny-engine")
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    corpus = ["the quick brown fox jumps over the lazy dog. stop here. " * 4] * 10
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<eos>"], initial_alphabet=alphabet)
+    tok.train_from_iterator(corpus, trainer)
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")
+    fast.save_pretrained(folder)
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(
+        vocab_size=fast.vocab_size, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+        eos_token_id=fast.eos_token_id,
+    )  # fmt: skip
+    transformers.LlamaForCausalLM(cfg).float().eval().save_pretrained(folder, safe_serialization=True)
+    return folder
+
+
+GREEDY = {"temperature": 0.0, "max_new_tokens": 12, "ignore_eos": True}
+PROMPTS = ["the quick brown", "over the lazy dog", "fox"]
+
+
+def test_a_batch_equals_each_request_alone_and_meta_info_adds_up(tiny_folder: Path) -> None:
+    import kvadmit
+
+    engine = kvadmit.Engine(str(tiny_folder), max_total_tokens=2048, chunked_prefill_size=4)
+    together = engine.generate(PROMPTS, GREEDY)
+    alone = [engine.generate(p, GREEDY) for p in PROMPTS]
+    assert [o["output_ids"] for o in together] == [o["output_ids"] for o in alone]  # type: ignore[index]
+    first = together[0]  # type: ignore[index]
+    assert first["meta_info"]["completion_tokens"] == 12
+    assert first["meta_info"]["prompt_tokens"] == len(engine.tokenizer.encode(PROMPTS[0]))
+    assert first["meta_info"]["finish_reason"] == {"type": "length", "length": 12}
+    # The second time a prompt is asked, its prefix comes from the cache.
+    again = engine.generate(PROMPTS[0], GREEDY)
+    assert again["meta_info"]["cached_tokens"] > 0  # type: ignore[index]
+    engine.scheduler.cache.reset()
+    assert engine.scheduler.pool.available_size() == engine.scheduler.pool.size
+
+
+def test_a_small_pool_retracts_for_real_and_changes_no_output(tiny_folder: Path) -> None:
+    import kvadmit
+
+    big = kvadmit.Engine(str(tiny_folder), max_total_tokens=4096)
+    reference = big.generate(PROMPTS * 3, {**GREEDY, "max_new_tokens": 40, "ignore_eos": False})
+    # 160 slots cannot hold nine requests growing to ~45 tokens each: the scheduler retracts.
+    small = kvadmit.Engine(str(tiny_folder), max_total_tokens=160, schedule_conservativeness=0.1)
+    events: list[object] = []
+    original = small.scheduler.drain_events
+
+    def spy() -> list[object]:
+        got = original()
+        events.extend(got)
+        return got
+
+    small.scheduler.drain_events = spy  # type: ignore[method-assign]
+    out = small.generate(PROMPTS * 3, {**GREEDY, "max_new_tokens": 40, "ignore_eos": False})
+    from kvadmit.scheduler.events import Retraction
+
+    assert any(isinstance(e, Retraction) and e.rids for e in events)
+    assert [o["output_ids"] for o in out] == [o["output_ids"] for o in reference]  # type: ignore[index]
+
+
+def test_a_stop_string_ends_the_text_before_it(tiny_folder: Path) -> None:
+    import kvadmit
+
+    engine = kvadmit.Engine(str(tiny_folder), max_total_tokens=2048)
+    full = engine.generate("the quick", {**GREEDY, "max_new_tokens": 30})
+    text = full["text"]  # type: ignore[index]
+    assert len(text) > 4
+    stop = text[2:4]
+    cut = engine.generate("the quick", {**GREEDY, "max_new_tokens": 30, "stop": stop})
+    assert cut["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}  # type: ignore[index]
+    assert cut["text"] == text[: text.find(stop)]  # type: ignore[index]
