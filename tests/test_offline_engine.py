@@ -92,3 +92,21 @@ def test_a_stop_string_ends_the_text_before_it(tiny_folder: Path) -> None:
     cut = engine.generate("the quick", {**GREEDY, "max_new_tokens": 30, "stop": stop})
     assert cut["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}  # type: ignore[index]
     assert cut["text"] == text[: text.find(stop)]  # type: ignore[index]
+
+
+def test_the_generate_command(tiny_folder: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    run = subprocess.run(
+        [sys.executable, "-m", "kvadmit", "generate", "the quick", "--model-path", str(tiny_folder),
+         "--temperature", "0", "--max-new-tokens", "5", "--json"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    out = json.loads(run.stdout)
+    assert out["meta_info"]["completion_tokens"] == 5 and len(out["output_ids"]) == 5
+    bad = subprocess.run([sys.executable, "-m", "kvadmit", "generate", "x", "--model-path", "/no/such/model"],
+                         capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert bad.returncode == 2 and "does not exist" in bad.stderr and "Traceback" not in bad.stderr

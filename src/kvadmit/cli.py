@@ -272,6 +272,48 @@ def _read_lengths(path: str) -> tuple[int, ...]:
         raise UsageError(f"{path!r} must hold one positive integer per line") from None
 
 
+def _generate_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("generate", help="generate text offline with the real model (kvadmit.Engine)")
+    p.add_argument("prompt", help="the prompt text")
+    p.add_argument(
+        "--model-path", default=None, help="an HF folder or a .gguf file (default: SmolLM2-135M-Instruct)"
+    )
+    p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=-1)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--max-total-tokens", type=int, default=16384)
+    p.add_argument("--json", action="store_true", help="print text, output ids and meta info as JSON")
+    p.set_defaults(func=_run_generate)
+
+
+def _run_generate(ns: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    if ns.model_path is not None and not Path(ns.model_path).exists():
+        raise UsageError(f"--model-path {ns.model_path!r} does not exist")
+    from kvadmit.api import Engine
+    from kvadmit.model.default import DefaultModelError
+    from kvadmit.model.loading import ModelLoadError
+    from kvadmit.sampling_params import SamplingError
+
+    params = {"max_new_tokens": ns.max_new_tokens, "temperature": ns.temperature, "top_p": ns.top_p,
+              "top_k": ns.top_k, "sampling_seed": ns.seed}  # fmt: skip
+    try:
+        engine = Engine(ns.model_path, max_total_tokens=ns.max_total_tokens)
+        if ns.chat:
+            out = engine.chat([{"role": "user", "content": ns.prompt}], params)
+        else:
+            out = engine.generate(ns.prompt, params)
+    except (ModelLoadError, DefaultModelError, SamplingError, ConfigError) as e:
+        raise UsageError(str(e)) from None
+    assert isinstance(out, dict)
+    print(json.dumps(out) if ns.json else out["text"])
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="kvadmit", description="Why LLM serving requests wait: SGLang's admission, exactly."
@@ -280,6 +322,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
     _capacity_parser(sub)
     _simulate_parser(sub)
+    _generate_parser(sub)
     return parser
 
 
