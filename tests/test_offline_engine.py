@@ -110,3 +110,29 @@ def test_the_generate_command(tiny_folder: Path) -> None:
     bad = subprocess.run([sys.executable, "-m", "kvadmit", "generate", "x", "--model-path", "/no/such/model"],
                          capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
     assert bad.returncode == 2 and "does not exist" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_the_pool_is_sized_from_memory_as_sglang_does() -> None:
+    from kvadmit.model.sizing import kv_bytes_per_token, pool_tokens
+
+    # SmolLM2-135M in fp32: K and V × 30 layers × 3 KV heads × 64 dims × 4 bytes = 46,080 bytes a token.
+    per_token = kv_bytes_per_token(30, 3, 64, 4)
+    assert per_token == 46_080
+    # 0.2 of 10 GiB = 2,147,483,648 bytes, minus 540,000,000 of weights, over 46,080 → 34,884 tokens.
+    assert (
+        pool_tokens(10 * 2**30, 0.2, 540_000_000, per_token)
+        == (2_147_483_648 - 540_000_000) // 46_080
+        == 34_884
+    )
+    with pytest.raises(ValueError, match="leaves no room for the KV pool"):
+        pool_tokens(2**30, 0.1, 540_000_000, per_token)
+
+
+def test_the_engine_logs_sglangs_startup_line(tiny_folder: Path) -> None:
+    import kvadmit
+    from kvadmit.observe import loglines
+
+    engine = kvadmit.Engine(str(tiny_folder), mem_fraction_static=0.01)
+    fields = loglines.STARTUP.parse(engine.startup_line)
+    assert fields is not None and fields["max_total_num_tokens"] == engine.scheduler.max_total_num_tokens > 0
+    assert fields["mem_label"] == "available_cpu_mem"

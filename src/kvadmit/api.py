@@ -39,7 +39,14 @@ def resolve_model_path(model_path: str | None) -> Path:
 
 
 class Engine:
-    def __init__(self, model_path: str | None = None, *, dtype: str = "float32", **server_args: Any) -> None:
+    def __init__(
+        self,
+        model_path: str | None = None,
+        *,
+        dtype: str = "float32",
+        mem_fraction_static: float | None = None,
+        **server_args: Any,
+    ) -> None:
         import torch
         from transformers import AutoTokenizer
 
@@ -49,7 +56,8 @@ class Engine:
         folder = resolve_model_path(model_path)
         self.tokenizer = AutoTokenizer.from_pretrained(str(folder))
         self.model = load_hf_folder(folder, getattr(torch, dtype))
-        server_args.setdefault("max_total_tokens", 16384)
+        if server_args.get("max_total_tokens") is None:
+            server_args["max_total_tokens"] = self._pool_from_memory(mem_fraction_static)
         self.args = ServerArgs(**server_args)
         eos = self.tokenizer.eos_token_id
         self.scheduler = Scheduler(
@@ -61,6 +69,48 @@ class Engine:
         self.executor = TorchExecutor(self.model, self.scheduler.pool.size)
         self._stops: dict[str, tuple[list[str], Any]] = {}
         self._count = 0
+        self._log_startup()
+
+    def _weight_bytes(self) -> int:
+        return sum(p.numel() * p.element_size() for p in self.model.parameters())
+
+    def _kv_bytes_per_token(self) -> int:
+        from kvadmit.model.sizing import kv_bytes_per_token
+
+        cfg = self.model.cfg
+        return kv_bytes_per_token(
+            cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, self.model.lm_head.weight.element_size()
+        )
+
+    def _pool_from_memory(self, fraction: float | None) -> int:
+        from kvadmit.model.sizing import DEFAULT_CPU_MEM_FRACTION, available_memory_bytes, pool_tokens
+
+        return pool_tokens(
+            available_memory_bytes(),
+            DEFAULT_CPU_MEM_FRACTION if fraction is None else fraction,
+            self._weight_bytes(),
+            self._kv_bytes_per_token(),
+        )
+
+    def _log_startup(self) -> None:
+        """SGLang's start-up line, on the `kvadmit` logger."""
+        import logging
+
+        from kvadmit.model.sizing import available_memory_bytes
+        from kvadmit.observe import loglines
+
+        s = self.scheduler
+        line = loglines.STARTUP.render(
+            max_total_num_tokens=s.max_total_num_tokens,
+            chunked_prefill_size=self.args.chunked_prefill_size or s.chunked_prefill_size or -1,
+            max_prefill_tokens=self.args.max_prefill_tokens,
+            max_running_requests=s.max_running_requests,
+            context_len=s.context_len,
+            mem_label="available_cpu_mem",
+            available_mem=available_memory_bytes() / 2**30,
+        )
+        self.startup_line = line
+        logging.getLogger("kvadmit").info(line)
 
     # ----- stop strings --------------------------------------------------------------------------
     def _stop_checker(self, req: Req) -> str | None:
