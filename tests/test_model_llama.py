@@ -94,3 +94,34 @@ def test_llama3_rope_scaling_matches_transformers(tmp_path: Path) -> None:
     prompt = list(range(1, 90))
     logits, _ = prefill(ours, ours.new_kv_pool(128), [prompt])
     torch.testing.assert_close(logits[0], reference_logits(ref, prompt)[-1], atol=1e-4, rtol=1e-4)
+
+
+def test_bad_model_folders_get_one_clear_error_naming_the_file(tmp_path: Path) -> None:
+    import json
+
+    from kvadmit.model.loading import ModelLoadError
+
+    _, folder = save_tiny(tmp_path, "llama")
+    cfg = json.loads((folder / "config.json").read_text())
+    odd = tmp_path / "odd"
+    odd.mkdir()
+    (odd / "config.json").write_text(json.dumps({**cfg, "architectures": ["MambaForCausalLM"]}))
+    with pytest.raises(ModelLoadError, match="architecture MambaForCausalLM is not supported"):
+        load_hf_folder(odd)
+    (odd / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelLoadError, match=r"has no \*\.safetensors weights"):
+        load_hf_folder(odd)
+    (odd / "model.safetensors").write_bytes(b"not really weights")
+    with pytest.raises(ModelLoadError, match=r"model\.safetensors: not a readable safetensors file"):
+        load_hf_folder(odd)
+    with pytest.raises(ModelLoadError, match=r"has no config\.json"):
+        load_hf_folder(tmp_path / "nowhere")
+
+
+def test_a_bad_gguf_file_gets_one_clear_error(tmp_path: Path) -> None:
+    from kvadmit.model.gguf_convert import GGUFError, convert_gguf
+
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(b"GGUF but not really")
+    with pytest.raises(GGUFError, match=r"broken\.gguf: not a readable GGUF file"):
+        convert_gguf(bad, tmp_path / "out")

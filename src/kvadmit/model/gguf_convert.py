@@ -42,7 +42,10 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, dtype: str = "bfloa
     from safetensors.torch import save_file
 
     path, out = Path(gguf_path), Path(out_dir)
-    reader = gguf.GGUFReader(str(path))
+    try:
+        reader = gguf.GGUFReader(str(path))
+    except Exception as e:
+        raise GGUFError(f"{path}: not a readable GGUF file ({e})") from None
     meta = {}
     for key, f in reader.fields.items():
         if key.startswith("tokenizer.ggml.") and key not in (
@@ -80,7 +83,13 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, dtype: str = "bfloa
     torch_dtype = getattr(torch, dtype)
     state: dict[str, torch.Tensor] = {}
     for t in reader.tensors:
-        w = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
+        try:
+            w = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
+        except NotImplementedError:
+            raise GGUFError(
+                f"{path.name}: tensor {t.name} uses quantization {t.tensor_type.name}, which this "
+                "converter cannot dequantize"
+            ) from None
         parts = t.name.split(".")
         if parts[0] == "blk":
             i, kind = parts[1], parts[2]

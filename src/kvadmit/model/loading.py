@@ -23,7 +23,10 @@ def load_hf_folder(path: str | Path, dtype: torch.dtype = torch.float32) -> Caus
     config_path = folder / "config.json"
     if not config_path.is_file():
         raise ModelLoadError(f"{folder} has no config.json")
-    cfg_dict = json.loads(config_path.read_text())
+    try:
+        cfg_dict = json.loads(config_path.read_text())
+    except json.JSONDecodeError as e:
+        raise ModelLoadError(f"{config_path}: not valid JSON ({e.msg}, line {e.lineno})") from None
     arch = (cfg_dict.get("architectures") or ["?"])[0]
     if arch not in SUPPORTED:
         raise ModelLoadError(
@@ -34,7 +37,10 @@ def load_hf_folder(path: str | Path, dtype: torch.dtype = torch.float32) -> Caus
         raise ModelLoadError(f"{folder} has no *.safetensors weights")
     state: dict[str, torch.Tensor] = {}
     for f in files:
-        state.update(load_file(str(f)))
+        try:
+            state.update(load_file(str(f)))
+        except Exception as e:
+            raise ModelLoadError(f"{f}: not a readable safetensors file ({e})") from None
     model = CausalLM(ModelConfig.from_hf(cfg_dict))
     if model.cfg.tie_word_embeddings:
         state.pop("lm_head.weight", None)
