@@ -25,19 +25,9 @@ from kvadmit.config import ServerArgs
 from kvadmit.executor.costmodel import CostModel
 from kvadmit.sim.run import SimConfig, simulate
 from kvadmit.sim.workload import WorkloadSpec
+from machine import cpu_model
 
 TARGET_S = 20.0
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def run(n: int) -> dict[str, float]:

@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
+from kvadmit.capacity.answer import answer_admission
+from kvadmit.capacity.snapshot import parse_snapshot
 from kvadmit.config import ServerArgs
+from kvadmit.memory.pool import TokenPool
+from kvadmit.memory.radix import RadixCache
 from kvadmit.request import Req, SamplingLimits
 from kvadmit.scheduler.scheduler import Scheduler
 
@@ -47,3 +52,34 @@ def drain(sched: Scheduler, max_steps: int = 100_000) -> list[object]:
         if batch is None:
             return events
     raise AssertionError(f"still busy after {max_steps} steps")
+
+
+def admit(server: dict[str, Any], waiting: list[dict[str, Any]], **rest: Any) -> dict[str, Any]:
+    """Answer an admission snapshot (chunked prefill 8192 unless the server says otherwise)."""
+    snap = {"server": {"chunked_prefill_size": 8192, **server}, "waiting": waiting, **rest}
+    return answer_admission(parse_snapshot(snap))
+
+
+def w(rid: str, prompt: int, max_new: int, **kw: Any) -> dict[str, Any]:
+    """A waiting request of a snapshot."""
+    return {"rid": rid, "prompt_len": prompt, "max_new_tokens": max_new, **kw}
+
+
+def r(rid: str, prompt: int, out: int, max_new: int, ignore_eos: bool = False) -> dict[str, Any]:
+    """A running request of a snapshot."""
+    return {
+        "rid": rid,
+        "prompt_len": prompt,
+        "output_len": out,
+        "max_new_tokens": max_new,
+        "ignore_eos": ignore_eos,
+    }
+
+
+def cache_with(prompts: list[list[int]]) -> RadixCache:
+    """A prefix cache holding these prompts."""
+    pool = TokenPool(10_000)
+    cache = RadixCache(pool)
+    for p in prompts:
+        cache.insert(p, pool.alloc_extend([], len(p)))
+    return cache

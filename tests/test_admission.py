@@ -5,31 +5,9 @@ Every expected number is worked out from the rules in the comment beside it.
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
-from kvadmit.capacity.answer import answer_admission
-from kvadmit.capacity.snapshot import parse_snapshot
-
-
-def admit(server: dict[str, Any], waiting: list[dict[str, Any]], **rest: Any) -> dict[str, Any]:
-    snap = {"server": {"chunked_prefill_size": 8192, **server}, "waiting": waiting, **rest}
-    return answer_admission(parse_snapshot(snap))
-
-
-def w(rid: str, prompt: int, max_new: int, **kw: Any) -> dict[str, Any]:
-    return {"rid": rid, "prompt_len": prompt, "max_new_tokens": max_new, **kw}
-
-
-def r(rid: str, prompt: int, out: int, max_new: int, ignore_eos: bool = False) -> dict[str, Any]:
-    return {
-        "rid": rid,
-        "prompt_len": prompt,
-        "output_len": out,
-        "max_new_tokens": max_new,
-        "ignore_eos": ignore_eos,
-    }
+from helpers import admit, r, w
 
 
 def test_a_4096_pool_admits_five_256_plus_512_requests_and_the_sixth_waits() -> None:

@@ -2,35 +2,27 @@
 
 from __future__ import annotations
 
-from helpers import make_req
+from helpers import cache_with, make_req
 from kvadmit.memory.pool import TokenPool
-from kvadmit.memory.radix import NoPrefixCache, RadixCache
+from kvadmit.memory.radix import NoPrefixCache
 from kvadmit.scheduler.ordering import QueueOrder
-
-
-def _cache_with(prompts: list[list[int]]) -> RadixCache:
-    pool = TokenPool(10_000)
-    cache = RadixCache(pool)
-    for p in prompts:
-        cache.insert(p, pool.alloc_extend([], len(p)))
-    return cache
 
 
 def test_fcfs_keeps_arrival_order() -> None:
     queue = [make_req(f"q{i}", 5) for i in range(5)]
-    QueueOrder("fcfs", _cache_with([])).sort(queue)
+    QueueOrder("fcfs", cache_with([])).sort(queue)
     assert [q.rid for q in queue] == ["q0", "q1", "q2", "q3", "q4"]
 
 
 def test_lof_puts_the_longest_output_first_and_is_stable() -> None:
     queue = [make_req("a", 5, 10), make_req("b", 5, 300), make_req("c", 5, 10), make_req("d", 5, 50)]
-    QueueOrder("lof", _cache_with([])).sort(queue)
+    QueueOrder("lof", cache_with([])).sort(queue)
     assert [q.rid for q in queue] == ["b", "d", "a", "c"]
 
 
 def test_lpm_puts_the_longest_cached_prefix_first() -> None:
     shared = list(range(100, 200))
-    cache = _cache_with([shared])
+    cache = cache_with([shared])
     queue = [
         make_req("none", 50),
         make_req("some", prompt=[*shared[:40], 1, 2]),
@@ -44,13 +36,13 @@ def test_lpm_defers_a_request_that_shares_a_long_prefix_with_an_earlier_waiting_
     # Nothing is cached; b shares 40 (≥ 32) tokens with a, which is ahead of it: b goes last.
     common = list(range(500, 540))
     queue = [make_req("a", prompt=[*common, 1]), make_req("b", prompt=[*common, 2]), make_req("c", 10)]
-    QueueOrder("lpm", _cache_with([])).sort(queue)
+    QueueOrder("lpm", cache_with([])).sort(queue)
     assert [q.rid for q in queue] == ["a", "c", "b"]
 
 
 def test_lpm_falls_back_to_fcfs_above_128_waiting_or_without_a_cache() -> None:
     shared = list(range(100, 200))
-    cache = _cache_with([shared])
+    cache = cache_with([shared])
     queue = [make_req(f"q{i}", 5) for i in range(129)] + [make_req("hit", prompt=[*shared, 1])]
     QueueOrder("lpm", cache).sort(queue)
     assert queue[-1].rid == "hit"
@@ -62,7 +54,7 @@ def test_lpm_falls_back_to_fcfs_above_128_waiting_or_without_a_cache() -> None:
 def test_random_is_reproducible_with_a_seed() -> None:
     def order(seed: int) -> list[str]:
         queue = [make_req(f"q{i}", 5) for i in range(20)]
-        QueueOrder("random", _cache_with([]), seed).sort(queue)
+        QueueOrder("random", cache_with([]), seed).sort(queue)
         return [q.rid for q in queue]
 
     assert order(1) == order(1)

@@ -5,36 +5,13 @@ Expected numbers are worked out by hand from the reference (sections cited per t
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
-from helpers import make_req, make_scheduler, step
-from kvadmit.capacity.answer import answer_admission, answer_decode
+from helpers import admit, cache_with, make_req, make_scheduler, r, step, w
+from kvadmit.capacity.answer import answer_decode
 from kvadmit.capacity.snapshot import parse_snapshot
 from kvadmit.memory.pool import TokenPool
-from kvadmit.memory.radix import RadixCache
 from kvadmit.scheduler.ordering import QueueOrder
-
-
-def admit(server: dict[str, Any], waiting: list[dict[str, Any]], **rest: Any) -> dict[str, Any]:
-    snap = {"server": {"chunked_prefill_size": 8192, **server}, "waiting": waiting, **rest}
-    return answer_admission(parse_snapshot(snap))
-
-
-def w(rid: str, prompt: int, max_new: int, **kw: Any) -> dict[str, Any]:
-    return {"rid": rid, "prompt_len": prompt, "max_new_tokens": max_new, **kw}
-
-
-def r(rid: str, prompt: int, out: int, max_new: int, ignore_eos: bool = False) -> dict[str, Any]:
-    return {
-        "rid": rid,
-        "prompt_len": prompt,
-        "output_len": out,
-        "max_new_tokens": max_new,
-        "ignore_eos": ignore_eos,
-    }
-
 
 OFF = {"max_total_tokens": 1000, "disable_radix_cache": True}
 
@@ -288,7 +265,6 @@ def test_retracted_request_is_queued_behind_the_waiting_ones() -> None:
 # §1.5: a continuing chunk takes min(rem_chunk, int(rem_total)); with rem <= 0 it takes rem_chunk
 def _continuation(reservation_max_new: int) -> int:
     from kvadmit.config import PROFILE_0_5_22
-    from kvadmit.memory.pool import TokenPool
     from kvadmit.memory.radix import NoPrefixCache
     from kvadmit.request import Req, SamplingLimits
     from kvadmit.scheduler.admission import AdmissionPass, prepare_candidate
@@ -340,19 +316,11 @@ def test_reservation_is_the_batch_order_float_sum() -> None:
     assert ans["admitted"] == ["c"] and ans["rem_total_tokens"] == 23 - (s + 2)
 
 
-def _cache_with(prompts: list[list[int]]) -> RadixCache:
-    pool = TokenPool(10_000)
-    cache = RadixCache(pool)
-    for p in prompts:
-        cache.insert(p, pool.alloc_extend([], len(p)))
-    return cache
-
-
 def test_lpm_applies_at_128_and_falls_back_at_129() -> None:
     shared = list(range(100, 200))
     for n, first in ((127, "hit"), (128, "q0")):
         queue = [make_req(f"q{i}", 5) for i in range(n)] + [make_req("hit", prompt=[*shared, 1])]
-        QueueOrder("lpm", _cache_with([shared])).sort(queue)
+        QueueOrder("lpm", cache_with([shared])).sort(queue)
         assert queue[0].rid == first, n + 1
 
 
@@ -360,14 +328,14 @@ def test_lpm_defer_threshold_is_32_shared_tokens() -> None:
     for share, order in ((31, ["a", "b", "c"]), (32, ["a", "c", "b"])):
         common = list(range(500, 500 + share))
         queue = [make_req("a", prompt=[*common, 1]), make_req("b", prompt=[*common, 2]), make_req("c", 10)]
-        QueueOrder("lpm", _cache_with([])).sort(queue)
+        QueueOrder("lpm", cache_with([])).sort(queue)
         assert [q.rid for q in queue] == order, share
 
 
 def test_lpm_checks_requests_with_a_short_cache_match() -> None:
     common = list(range(500, 540))
     queue = [make_req("a", prompt=[*common, 1]), make_req("b", prompt=[*common, 2]), make_req("c", 10)]
-    QueueOrder("lpm", _cache_with([common[:20]])).sort(queue)  # a and b match 20 <= 32: checked
+    QueueOrder("lpm", cache_with([common[:20]])).sort(queue)  # a and b match 20 <= 32: checked
     assert [q.rid for q in queue] == ["a", "c", "b"]
 
 
