@@ -314,6 +314,26 @@ def _run_generate(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    from kvadmit.server.main import add_serve_flags
+
+    p = sub.add_parser(
+        "serve",
+        help="an OpenAI-compatible LLM server with SGLang's scheduler, log lines and metrics",
+        description="Serve a model (default: SmolLM2-135M-Instruct) over HTTP with SGLang's endpoints, "
+        "or, with --simulate COST_MODEL, a predicted GPU that admits, queues and retracts like one.",
+    )
+    add_scheduler_flags(p)
+    add_serve_flags(p)
+    p.set_defaults(func=_run_serve)
+
+
+def _run_serve(ns: argparse.Namespace) -> int:
+    from kvadmit.server.main import serve
+
+    return serve(ns, server_args_from(ns))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="kvadmit", description="Why LLM serving requests wait: SGLang's admission, exactly."
@@ -323,6 +343,7 @@ def build_parser() -> argparse.ArgumentParser:
     _capacity_parser(sub)
     _simulate_parser(sub)
     _generate_parser(sub)
+    _serve_parser(sub)
     return parser
 
 

@@ -1,0 +1,148 @@
+"""What the server runs on: the real model (tokenizer, torch executor, pool sized from memory) or, under
+`--simulate COST_MODEL`, a predicted GPU (the simulated executor in real time, a byte-level tokenizer
+unless --tokenizer-path is given). Either way the same scheduler decides everything."""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvadmit.executor.base import Executor, StepResult
+from kvadmit.executor.costmodel import CostModel
+from kvadmit.scheduler.types import ScheduledBatch
+
+SIMULATED_POOL_DEFAULT = 200_000  # tokens, when --simulate runs without --max-total-tokens
+SIMULATED_CONTEXT_DEFAULT = 32_768
+
+
+@dataclass
+class Backend:
+    tokenizer: Any  # encode / decode / apply_chat_template / eos_token_id
+    executor: Executor
+    pool_size: int
+    context_len: int
+    eos_token_ids: frozenset[int]
+    model_path: str
+    tokenizer_path: str
+    device: str
+    dtype: str
+    available_mem_gb: float
+    simulated: bool = False
+    output_lengths: dict[str, int] = field(default_factory=dict)  # simulated: rid → true output length
+
+    def plan_output(self, rid: str, max_new_tokens: int, ignore_eos: bool, seed: int | None) -> None:
+        """Simulated requests that may stop early stop at a length drawn uniformly from 1 to their
+        max_new_tokens (as `kvadmit simulate --disable-ignore-eos` draws them by default)."""
+        if self.simulated and not ignore_eos and max_new_tokens > 0:
+            rng = random.Random(seed if seed is not None else rid)
+            self.output_lengths[rid] = rng.randint(1, max_new_tokens)
+
+    def forget(self, rid: str) -> None:
+        self.output_lengths.pop(rid, None)
+
+
+class RealTimeSimulatedExecutor:
+    """The simulated executor, but each step takes its predicted time on the wall clock."""
+
+    def __init__(self, cost: CostModel, output_lengths: dict[str, int], eos: int, text_token: int) -> None:
+        from kvadmit.executor.simulated import TEXT_TOKEN_ID, SimulatedExecutor
+
+        self.inner = SimulatedExecutor(cost, output_lengths, eos_token_id=eos)
+        self.sim_text = TEXT_TOKEN_ID
+        self.text_token = text_token
+
+    def run(self, batch: ScheduledBatch) -> StepResult:
+        start = time.perf_counter()
+        result = self.inner.run(batch)
+        tokens = [self.text_token if t == self.sim_text else t for t in result.next_token_ids]
+        left = result.seconds - (time.perf_counter() - start)
+        if left > 0:
+            time.sleep(left)
+        return StepResult(tokens, result.seconds)
+
+
+def simulated_backend(
+    cost_model: str, tokenizer_path: str | None, max_total_tokens: int | None, context_length: int | None
+) -> Backend:
+    from kvadmit.server.byte_tokenizer import ByteTokenizer
+
+    cost = CostModel.from_file(cost_model)
+    if tokenizer_path:
+        from transformers import AutoTokenizer
+
+        tokenizer: Any = AutoTokenizer.from_pretrained(tokenizer_path)
+        text_token = tokenizer.encode(" token", add_special_tokens=False)[0]
+    else:
+        tokenizer = ByteTokenizer()
+        text_token = ord("a")
+    eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else 0
+    lengths: dict[str, int] = {}
+    return Backend(
+        tokenizer=tokenizer,
+        executor=RealTimeSimulatedExecutor(cost, lengths, eos, text_token),
+        pool_size=max_total_tokens or SIMULATED_POOL_DEFAULT,
+        context_len=context_length or SIMULATED_CONTEXT_DEFAULT,
+        eos_token_ids=frozenset({eos}),
+        model_path=f"simulated:{cost_model}",
+        tokenizer_path=tokenizer_path or "byte-level",
+        device="simulated",
+        dtype="none",
+        available_mem_gb=0.0,
+        simulated=True,
+        output_lengths=lengths,
+    )
+
+
+def model_backend(
+    model_path: str | None,
+    tokenizer_path: str | None,
+    dtype: str,
+    device: str,
+    max_total_tokens: int | None,
+    mem_fraction_static: float | None,
+    context_length: int | None,
+) -> Backend:
+    """Load the model (the default one when model_path is None) and size the pool."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from kvadmit.api import resolve_model_path
+    from kvadmit.executor.torch_runner import TorchExecutor
+    from kvadmit.model.loading import load_hf_folder
+    from kvadmit.model.sizing import (
+        DEFAULT_CPU_MEM_FRACTION,
+        available_memory_bytes,
+        kv_bytes_per_token,
+        pool_tokens,
+    )
+
+    folder = resolve_model_path(model_path)
+    tok_folder = tokenizer_path or str(folder)
+    tokenizer = AutoTokenizer.from_pretrained(tok_folder)
+    model = load_hf_folder(folder, getattr(torch, dtype))
+    if device != "cpu":
+        model = model.to(device)
+    cfg = model.cfg
+    available = available_memory_bytes()
+    if max_total_tokens is None:
+        weights = sum(p.numel() * p.element_size() for p in model.parameters())
+        per_token = kv_bytes_per_token(
+            cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, model.lm_head.weight.element_size()
+        )
+        fraction = DEFAULT_CPU_MEM_FRACTION if mem_fraction_static is None else mem_fraction_static
+        max_total_tokens = pool_tokens(available, fraction, weights, per_token)
+    eos = tokenizer.eos_token_id
+    return Backend(
+        tokenizer=tokenizer,
+        executor=TorchExecutor(model, max_total_tokens),
+        pool_size=max_total_tokens,
+        context_len=context_length or cfg.max_position_embeddings,
+        eos_token_ids=frozenset({eos} if eos is not None else set()),
+        model_path=str(model_path or folder),
+        tokenizer_path=tok_folder,
+        device=device,
+        dtype=dtype,
+        available_mem_gb=available / 2**30,
+    )

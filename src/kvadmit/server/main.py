@@ -1,0 +1,166 @@
+"""`kvadmit serve`: build the backend, the engine runner and the app, and run uvicorn until SIGTERM.
+
+On SIGTERM (or Ctrl-C) the server stops admitting (new requests get 503), gives in-flight requests
+--graceful-shutdown-timeout seconds to finish, aborts the rest with "The server is shutting down.",
+and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+from dataclasses import asdict
+from typing import Any
+
+from kvadmit.config import ServerArgs
+from kvadmit.errors import UsageError
+
+log = logging.getLogger("kvadmit.server")
+
+
+def add_serve_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("server (SGLang's flags)")
+    g.add_argument(
+        "--model-path", default=None, help="HF folder or .gguf file (default: SmolLM2-135M-Instruct)"
+    )
+    g.add_argument("--tokenizer-path", default=None)
+    g.add_argument("--host", default="127.0.0.1")
+    g.add_argument("--port", type=int, default=30000)
+    g.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    g.add_argument("--device", default="auto", help="cpu, cuda, or auto (cuda when present)")
+    g.add_argument("--mem-fraction-static", type=float, default=None)
+    g.add_argument("--served-model-name", default=None)
+    g.add_argument("--api-key", default=None)
+    g.add_argument("--enable-metrics", action="store_true", help="serve Prometheus metrics at /metrics")
+    g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    g.add_argument("--log-file", default=None, help="also write the server log to this file")
+    g.add_argument("--watchdog-timeout", type=float, default=300.0,
+                   help="/health: 503 after this long without a step while work is pending")  # fmt: skip
+    g.add_argument("--health-check-timeout", type=float,
+                   default=float(os.environ.get("SGLANG_HEALTH_CHECK_TIMEOUT", 20)))  # fmt: skip
+    g.add_argument("--graceful-shutdown-timeout", type=float, default=10.0,
+                   help="seconds in-flight requests get after SIGTERM before they are aborted")  # fmt: skip
+    g.add_argument("--simulate", metavar="COST_MODEL", default=None,
+                   help="serve a predicted GPU: the simulated executor in real time with this cost model "
+                   "(JSON file), no weights needed")  # fmt: skip
+
+
+def _setup_logging(level: str, log_file: str | None) -> None:
+    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
+    if log_file:
+        handlers.append(logging.FileHandler(log_file, encoding="utf-8"))
+    for h in handlers:
+        h.setFormatter(logging.Formatter("%(message)s"))
+    for name in ("kvadmit", "kvadmit.server"):
+        logging.getLogger(name).handlers.clear()
+    root = logging.getLogger("kvadmit")
+    root.setLevel(level.upper())
+    for h in handlers:
+        root.addHandler(h)
+    root.propagate = False
+
+
+def _device(name: str) -> str:
+    if name != "auto":
+        return name
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _dtype(name: str, device: str) -> str:
+    if name != "auto":
+        return name
+    return "bfloat16" if device == "cuda" else "float32"
+
+
+def build_state(ns: argparse.Namespace, args: ServerArgs) -> Any:
+    from kvadmit.server.backend import model_backend, simulated_backend
+    from kvadmit.server.metrics import ServerMetrics
+    from kvadmit.server.runner import EngineRunner
+    from kvadmit.server.state import ServerState
+
+    if ns.simulate:
+        from kvadmit.executor.costmodel import CostModelError
+
+        try:
+            backend = simulated_backend(
+                ns.simulate, ns.tokenizer_path, args.max_total_tokens, args.context_length
+            )
+        except CostModelError as e:
+            raise UsageError(str(e)) from None
+    else:
+        from kvadmit.model.default import DefaultModelError
+        from kvadmit.model.loading import ModelLoadError
+
+        device = _device(ns.device)
+        try:
+            backend = model_backend(
+                ns.model_path, ns.tokenizer_path, _dtype(ns.dtype, device), device, args.max_total_tokens,
+                ns.mem_fraction_static, args.context_length,
+            )  # fmt: skip
+        except (ModelLoadError, DefaultModelError, OSError, ValueError) as e:
+            raise UsageError(f"cannot load the model: {e}") from None
+    name = ns.served_model_name or (
+        "simulated" if ns.simulate else (ns.model_path or "SmolLM2-135M-Instruct")
+    )
+    metrics = None
+    if ns.enable_metrics:
+        metrics = ServerMetrics(name, backend.pool_size, args.page_size, backend.context_len)
+    emit = logging.getLogger("kvadmit.server").info
+    runner = EngineRunner(backend, args, metrics=metrics, emit_log=emit, watchdog_timeout=ns.watchdog_timeout)
+    resolved = {k: v for k, v in asdict(args).items() if k != "knobs"}
+    resolved.update(
+        model_path=backend.model_path, tokenizer_path=backend.tokenizer_path, host=ns.host, port=ns.port,
+        dtype=backend.dtype, device=backend.device, served_model_name=name, enable_metrics=ns.enable_metrics,
+        simulate=ns.simulate, max_total_tokens=backend.pool_size, context_length=backend.context_len,
+        max_running_requests=runner.scheduler.max_running_requests,
+        chunked_prefill_size=runner.scheduler.chunked_prefill_size,
+    )  # fmt: skip
+    return ServerState(
+        runner=runner,
+        served_model_name=name,
+        server_args=resolved,
+        api_key=ns.api_key,
+        enable_metrics=ns.enable_metrics,
+        health_timeout=ns.health_check_timeout,
+        created=int(time.time()),
+    )
+
+
+def serve(ns: argparse.Namespace, args: ServerArgs) -> int:
+    import uvicorn
+
+    from kvadmit.server.app import create_app
+
+    _setup_logging(ns.log_level, ns.log_file)
+    state = build_state(ns, args)
+    runner = state.runner
+    runner.start()
+    app = create_app(state)
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            runner.accepting = False  # new requests get 503 while in-flight ones finish
+            super().handle_exit(sig, frame)
+
+        async def startup(self, sockets: Any = None) -> None:
+            await super().startup(sockets)
+            if self.started:
+                log.info("The server is fired up and ready to roll!")
+
+    config = uvicorn.Config(
+        app, host=ns.host, port=ns.port, log_level=ns.log_level,
+        timeout_graceful_shutdown=ns.graceful_shutdown_timeout,
+    )  # fmt: skip
+    server = Server(config)
+    try:
+        server.run()
+    finally:
+        runner.stop()
+    if not server.started:
+        raise UsageError(f"could not start the server on {ns.host}:{ns.port} (is the port in use?)")
+    return 0

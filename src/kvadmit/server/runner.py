@@ -1,0 +1,352 @@
+"""The engine loop on its own thread, and the channels between it and the HTTP handlers.
+
+HTTP handlers tokenize, build a Job and hand it over; the engine thread owns the scheduler, the executor
+and every Req, and is the only thread that touches them. Everything crosses threads by message: commands
+go in through a queue (run between steps), tokens and ends come out through each request's Stream. So
+HTTP, tokenization and detokenization never stall a forward step, and a step never waits on a client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import queue
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from kvadmit.config import ServerArgs
+from kvadmit.engine import Engine, WallClock
+from kvadmit.observe.sglang_log import SGLangLogWriter
+from kvadmit.request import FinishKind, Req, SamplingLimits
+from kvadmit.sampling_params import SamplingParams
+from kvadmit.scheduler.events import StartupInfo
+from kvadmit.scheduler.scheduler import Scheduler
+from kvadmit.scheduler.types import ScheduledBatch
+from kvadmit.server.backend import Backend
+from kvadmit.server.metrics import ServerMetrics
+
+T = TypeVar("T")
+SHUTDOWN_MESSAGE = "The server is shutting down."
+log = logging.getLogger("kvadmit.server")
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """How a request ended, as its handler needs it."""
+
+    kind: str  # "stop" | "length" | "abort"
+    matched: int | str | None
+    message: str
+    status_code: int
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+
+
+class Stream:
+    """One request's channel from the engine thread to its handler: lists of new token ids, then one
+    Finished."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._queue: asyncio.Queue[list[int] | Finished] = asyncio.Queue()
+
+    def put(self, item: list[int] | Finished) -> None:  # engine thread
+        self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+
+    async def get(self, timeout: float) -> list[int] | Finished | None:
+        try:
+            return await asyncio.wait_for(self._queue.get(), timeout)
+        except asyncio.TimeoutError:
+            return None
+
+
+@dataclass(slots=True)
+class Job:
+    rid: str
+    input_ids: list[int]
+    limits: SamplingLimits
+    params: SamplingParams
+    stream: Stream
+    stop: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _Live:
+    job: Job
+    req: Req
+    sent: int = 0  # output tokens already put on the stream
+    detok: Any = None  # stop-string detokenizer (only for requests with stop strings)
+
+
+class EngineRunner:
+    def __init__(
+        self,
+        backend: Backend,
+        args: ServerArgs,
+        *,
+        metrics: ServerMetrics | None = None,
+        emit_log: Callable[[str], None] | None = None,
+        watchdog_timeout: float = 300.0,
+    ) -> None:
+        self.backend = backend
+        self.args = args
+        self.metrics = metrics
+        self.watchdog_timeout = watchdog_timeout
+        self.scheduler = Scheduler(
+            args,
+            max_total_tokens=backend.pool_size,
+            context_len=backend.context_len,
+            eos_token_ids=backend.eos_token_ids,
+            stop_checker=self._stop_checker,
+        )
+        observers: list[Callable[[Any, float], None]] = []
+        self.startup_line = ""
+        if emit_log is not None:
+            writer = SGLangLogWriter(
+                emit_log,
+                start_time=time.time(),
+                graph_label="cpu graph" if backend.device == "cpu" else "cuda graph",
+                pending_token_field=self.scheduler.profile.prefill_log_has_pending_token,
+            )
+            observers.append(writer.handle)
+            chunk = args.chunked_prefill_size
+            s = self.scheduler
+            writer.handle(
+                StartupInfo(
+                    max_total_num_tokens=s.max_total_num_tokens,
+                    chunked_prefill_size=chunk if chunk is not None else s.chunked_prefill_size or -1,
+                    max_prefill_tokens=args.max_prefill_tokens,
+                    max_running_requests=s.max_running_requests,
+                    context_len=s.context_len,
+                    available_mem_gb=backend.available_mem_gb,
+                    device="cpu" if backend.device == "cpu" else "cuda",
+                ),
+                time.time(),
+            )
+        step_observers = []
+        if metrics is not None:
+            observers.append(metrics.on_event)
+            step_observers.append(metrics.on_step)
+        self.engine = Engine(self.scheduler, backend.executor, WallClock(), self, observers, step_observers)
+        self._live: dict[str, _Live] = {}
+        self._commands: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._stopping = False
+        self._idle_published = False
+        self.accepting = True
+        self.error: str | None = None  # why the engine loop died
+        self.last_progress = time.monotonic()
+        self.steps = 0
+        self.thread = threading.Thread(target=self._loop, name="kvadmit-engine", daemon=True)
+
+    # ----- lifecycle ------------------------------------------------------------------------------
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Abort whatever is still in flight (with a reason) and end the loop."""
+        self.accepting = False
+
+        def abort_all() -> None:
+            for rid in list(self._live):
+                self._abort_now(rid, SHUTDOWN_MESSAGE, 503)
+            self._stopping = True
+
+        if self.thread.is_alive():
+            self._send(abort_all)
+            self.thread.join(timeout)
+
+    @property
+    def healthy(self) -> tuple[bool, str]:
+        if self.error is not None:
+            return False, f"the engine loop died: {self.error}"
+        if not self.thread.is_alive():
+            return False, "the engine loop is not running"
+        stalled = time.monotonic() - self.last_progress
+        if self._live and stalled > self.watchdog_timeout:
+            return False, (
+                f"no step completed for {stalled:.0f} s with {len(self._live)} requests pending "
+                f"(watchdog timeout {self.watchdog_timeout:g} s)"
+            )
+        return True, "ok"
+
+    # ----- commands (any thread) ------------------------------------------------------------------
+    def _send(self, command: Callable[[], None]) -> None:
+        self._commands.put(command)
+        self._wake.set()
+
+    def submit(self, job: Job) -> None:
+        self._send(lambda: self._submit(job))
+
+    def abort(self, rid: str) -> None:
+        self._send(lambda: self._abort_client(rid))
+
+    def call(self, fn: Callable[[], T]) -> concurrent.futures.Future[T]:
+        """Run fn on the engine thread between steps (to read or change scheduler state safely)."""
+        fut: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+        def run() -> None:
+            try:
+                fut.set_result(fn())
+            except BaseException as e:  # handed to the caller
+                fut.set_exception(e)
+
+        if not self.thread.is_alive():
+            fut.set_exception(RuntimeError(self.error or "the engine loop is not running"))
+        else:
+            self._send(run)
+        return fut
+
+    # ----- the loop (engine thread) ---------------------------------------------------------------
+    def _loop(self) -> None:
+        try:
+            while not self._stopping:
+                self._wake.clear()
+                self._run_commands()
+                if self._stopping:
+                    break
+                if self.engine.step():
+                    self.steps += 1
+                    self.last_progress = time.monotonic()
+                    self._idle_published = False
+                    continue
+                self.last_progress = time.monotonic()
+                if not self._idle_published and self.metrics is not None:
+                    self._publish_pool()
+                    self.metrics.publish_idle(len(self.scheduler.waiting))
+                    self._idle_published = True
+                self._wake.wait(0.5)
+        except BaseException as e:  # the loop must never die silently
+            self.error = f"{type(e).__name__}: {e}"
+            log.error("The engine loop died:\n%s", traceback.format_exc())
+            for live in list(self._live.values()):
+                self._end(live, Finished("abort", None, f"internal error: {self.error}", 500, 0, 0, 0))
+            self._live.clear()
+        finally:
+            self._run_commands()  # answer whatever arrived (call() futures, late submits)
+
+    def _run_commands(self) -> None:
+        while True:
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            command()
+
+    def _publish_pool(self) -> None:
+        assert self.metrics is not None
+        s = self.scheduler
+        free = s.pool.available_size()
+        evictable = s.cache.evictable_size()
+        self.metrics.set_pool(free, evictable, s.max_total_num_tokens - free - evictable)
+
+    def _submit(self, job: Job) -> None:
+        if not self.accepting or self._stopping or self.error is not None:
+            job.stream.put(Finished("abort", None, SHUTDOWN_MESSAGE, 503, len(job.input_ids), 0, 0))
+            return
+        req = Req(rid=job.rid, origin_input_ids=job.input_ids, sampling=job.limits, params=job.params)
+        live = _Live(job, req)
+        if job.stop:
+            from kvadmit.model.detokenize import IncrementalDetokenizer
+
+            live.detok = IncrementalDetokenizer(self.backend.tokenizer)
+        self._live[job.rid] = live
+        if self.metrics is not None:
+            self.metrics.on_arrival(job.rid, time.time())
+        self.backend.plan_output(job.rid, job.limits.max_new_tokens, job.limits.ignore_eos, job.params.seed)
+        self.engine.submit(req)  # a rejection ends it at once, through on_finish
+
+    def _abort_client(self, rid: str) -> None:
+        if rid in self._live:
+            self.engine.abort(rid)
+
+    def _abort_now(self, rid: str, message: str, status: int) -> None:
+        live = self._live.get(rid)
+        if live is None:
+            return
+        self.engine.abort(rid)  # waiting: ends now; running: at its next result
+        if rid in self._live:  # still in a batch: answer now, the scheduler frees it at its next result
+            self._end(live, self._finished(live.req, ("abort", None, message, status)))
+
+    def _stop_checker(self, req: Req) -> str | None:
+        live = self._live.get(req.rid)
+        if live is None or live.detok is None:
+            return None
+        live.detok.add([req.output_ids[-1]])
+        for stop in live.job.stop:
+            if stop in live.detok.text:
+                return stop
+        return None
+
+    # ----- Listener (engine thread) ---------------------------------------------------------------
+    def on_step(self, batch: ScheduledBatch, now: float) -> None:
+        for req in batch.reqs:
+            if req is batch.chunked:
+                continue
+            live = self._live.get(req.rid)
+            if live is not None and len(req.output_ids) > live.sent:
+                live.job.stream.put(req.output_ids[live.sent :])
+                live.sent = len(req.output_ids)
+
+    def on_finish(self, req: Req, now: float) -> None:
+        live = self._live.get(req.rid)
+        if live is None:
+            return
+        if len(req.output_ids) > live.sent:
+            live.job.stream.put(req.output_ids[live.sent :])
+            live.sent = len(req.output_ids)
+        reason = req.finished_reason
+        if reason is None:
+            end = ("abort", None, "ended without a reason", 500)
+        elif reason.kind is FinishKind.ABORT:
+            end = ("abort", None, reason.message, reason.status_code)
+        else:
+            end = (reason.kind.value, reason.matched, "", 200)
+        self._end(live, self._finished(req, end))
+
+    def _finished(self, req: Req, end: tuple[str, int | str | None, str, int]) -> Finished:
+        kind, matched, message, status = end
+        return Finished(
+            kind, matched, message, status, len(req.origin_input_ids), len(req.output_ids), req.cached_tokens
+        )
+
+    def _end(self, live: _Live, finished: Finished) -> None:
+        rid = live.job.rid
+        self._live.pop(rid, None)
+        self.backend.forget(rid)
+        if self.metrics is not None:
+            self.metrics.forget(rid)
+        live.job.stream.put(finished)
+
+    # ----- state (engine thread, through call()) --------------------------------------------------
+    def internal_state(self) -> dict[str, Any]:
+        s = self.scheduler
+        free = s.pool.available_size()
+        evictable = s.cache.evictable_size()
+        return {
+            "max_total_num_tokens": s.max_total_num_tokens,
+            "available_tokens": free,
+            "evictable_tokens": evictable,
+            "used_tokens": s.max_total_num_tokens - free - evictable,
+            "token_usage": round((s.max_total_num_tokens - free - evictable) / s.max_total_num_tokens, 4),
+            "num_running_reqs": len(s.running.reqs),
+            "num_queue_reqs": len(s.waiting),
+            "new_token_ratio": s.ratio.current,
+            "max_running_requests": s.max_running_requests,
+            "context_len": s.context_len,
+            "chunked_prefill_size": s.chunked_prefill_size,
+            "page_size": s.page_size,
+            "steps": self.steps,
+        }
+
+    def flush_cache(self) -> bool:
+        if not self.scheduler.is_fully_idle() or self._live:
+            return False
+        self.scheduler.cache.reset()
+        return True

@@ -1,0 +1,161 @@
+"""One request from the HTTP side: submit a Job, turn token ids into text as they arrive, hold back what
+might still become a stop string, and make sure the request ends exactly once (aborted if the client
+goes away), recording the request-side metrics at its end."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvadmit.model.detokenize import IncrementalDetokenizer
+from kvadmit.request import SamplingLimits
+from kvadmit.sampling_params import SamplingParams
+from kvadmit.server.runner import EngineRunner, Finished, Job, Stream
+
+POLL_S = 0.05  # how often a waiting handler checks whether its client is still there
+
+
+@dataclass(slots=True)
+class Delta:
+    text: str  # new text safe to show
+    token_ids: list[int]  # the new tokens
+
+
+@dataclass(slots=True)
+class Outcome:
+    finished: Finished
+    text: str  # the whole output text (stop string cut)
+    output_ids: list[int]
+    e2e_latency: float
+    ttft: float | None
+    final_delta: str  # text not yet emitted as a Delta
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class TextAssembler:
+    """Output text as tokens arrive. While a stop string could still be forming at the end, its first
+    characters are held back, so a streamed text never shows part of a stop string it later cuts."""
+
+    def __init__(self, tokenizer: Any, stops: list[str], skip_special_tokens: bool) -> None:
+        self.detok = IncrementalDetokenizer(tokenizer, skip_special_tokens=skip_special_tokens)
+        self.stops = stops
+        self.hold = max((len(s) for s in stops), default=1) - 1
+        self.emitted = 0
+
+    def add(self, ids: list[int]) -> str:
+        self.detok.add(ids)
+        text = self.detok.text
+        safe = len(text) - self.hold
+        for stop in self.stops:
+            at = text.find(stop)
+            if at != -1:
+                safe = min(safe, at)
+        if safe <= self.emitted:
+            return ""
+        delta = text[self.emitted : safe]
+        self.emitted = safe
+        return delta
+
+    def finish(self, matched: int | str | None) -> tuple[str, str]:
+        """(the whole text, what is left to emit)."""
+        self.detok.flush()
+        text = self.detok.text
+        if isinstance(matched, str) and matched in text:
+            text = text[: text.find(matched)]
+        rest = text[self.emitted :] if len(text) > self.emitted else ""
+        self.emitted = max(self.emitted, len(text))
+        return text, rest
+
+
+class Session:
+    def __init__(
+        self,
+        runner: EngineRunner,
+        input_ids: list[int],
+        limits: SamplingLimits,
+        params: SamplingParams,
+        *,
+        stops: list[str],
+        skip_special_tokens: bool,
+        streaming: bool,
+        is_disconnected: Callable[[], Awaitable[bool]],
+        rid: str | None = None,
+    ) -> None:
+        import asyncio
+
+        self.runner = runner
+        self.rid = rid or uuid.uuid4().hex
+        self.input_ids = input_ids
+        self.streaming = streaming
+        self.is_disconnected = is_disconnected
+        self.stream = Stream(asyncio.get_running_loop())
+        self.job = Job(self.rid, input_ids, limits, params, self.stream, stops)
+        self.text = TextAssembler(runner.backend.tokenizer, stops, skip_special_tokens)
+        self.output_ids: list[int] = []
+        self.start = time.perf_counter()
+        self.ttft: float | None = None
+        self._last_token_at: float | None = None
+        self._itls: list[float] = []
+        self.outcome: Outcome | None = None
+
+    async def events(self) -> AsyncIterator[Delta | Outcome]:
+        """Deltas as tokens arrive, then the Outcome. If the consumer stops early (the client went away)
+        or the client disconnects while waiting, the request is aborted in the engine."""
+        self.runner.submit(self.job)
+        try:
+            while True:
+                item = await self.stream.get(POLL_S)
+                if item is None:
+                    if await self.is_disconnected():
+                        return
+                    continue
+                if isinstance(item, Finished):
+                    self.outcome = self._finish(item)
+                    yield self.outcome
+                    return
+                now = time.perf_counter()
+                if self.ttft is None:
+                    self.ttft = now - self.start
+                elif self._last_token_at is not None:
+                    self._itls.append(now - self._last_token_at)
+                self._last_token_at = now
+                self.output_ids.extend(item)
+                yield Delta(self.text.add(item), item)
+        finally:
+            if self.outcome is None:
+                self.runner.abort(self.rid)
+                self._record(aborted=True, completion_tokens=len(self.output_ids), cached=0)
+
+    async def result(self) -> Outcome:
+        async for event in self.events():
+            if isinstance(event, Outcome):
+                return event
+        raise ConnectionAbortedError("the client disconnected")
+
+    def _finish(self, finished: Finished) -> Outcome:
+        text, rest = self.text.finish(finished.matched)
+        e2e = time.perf_counter() - self.start
+        self._record(
+            aborted=finished.kind == "abort",
+            completion_tokens=finished.completion_tokens,
+            cached=finished.cached_tokens,
+        )
+        return Outcome(finished, text, list(self.output_ids), e2e, self.ttft, rest)
+
+    def _record(self, *, aborted: bool, completion_tokens: int, cached: int) -> None:
+        metrics = self.runner.metrics
+        if metrics is None:
+            return
+        metrics.request_done(
+            streaming=self.streaming,
+            prompt_tokens=len(self.input_ids),
+            completion_tokens=completion_tokens,
+            cached_tokens=cached,
+            aborted=aborted,
+            ttft=self.ttft,
+            e2e=time.perf_counter() - self.start,
+            itls=self._itls,
+        )

@@ -1,0 +1,39 @@
+"""Server-sent events as SGLang sends them: `data: {json}` lines, a blank line after each, and
+`data: [DONE]` at the end. A stream starts only once its request is known to be accepted, so a rejected
+request still gets its proper status code."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi.responses import StreamingResponse
+
+from kvadmit.server.errors import APIError, error_body
+from kvadmit.server.session import Delta, Outcome, Session
+
+
+def sse(obj: Any) -> bytes:
+    return b"data: " + json.dumps(obj, ensure_ascii=False).encode() + b"\n\n"
+
+
+DONE = b"data: [DONE]\n\n"
+
+
+async def first_event(session: Session) -> tuple[AsyncIterator[Delta | Outcome], Delta | Outcome | None]:
+    """Start the request and wait for its first event; an immediate rejection raises its APIError."""
+    events = session.events()
+    first = await anext(events, None)
+    if isinstance(first, Outcome) and first.finished.kind == "abort" and not first.output_ids:
+        raise APIError(first.finished.message, first.finished.status_code)
+    return events, first
+
+
+def stream_response(body: AsyncIterator[bytes]) -> StreamingResponse:
+    return StreamingResponse(body, media_type="text/event-stream")
+
+
+def abort_event(outcome: Outcome) -> bytes:
+    f = outcome.finished
+    return sse(error_body(f.message, f.status_code))
