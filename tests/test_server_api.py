@@ -11,6 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+
 from server_helpers import RunningServer, pool_is_whole, running_server, wait_idle, write_tiny_model
 
 openai = pytest.importorskip("openai")
@@ -37,7 +38,8 @@ def metrics(srv: RunningServer) -> dict[str, float]:
         for s in family.samples:
             labels = {k: v for k, v in s.labels.items() if k not in ("model_name", "engine_type", "tp_rank",
                                                                       "pp_rank", "moe_ep_rank")}  # fmt: skip
-            key = s.name + ("{" + ",".join(f"{k}={v}" for k, v in sorted(labels.items())) + "}" if labels else "")
+            inner = ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+            key = s.name + ("{" + inner + "}" if labels else "")
             out[key] = s.value
     return out
 
@@ -101,7 +103,8 @@ def test_openai_client_chat_and_completions_agree_with_metrics(srv: RunningServe
 
 
 def test_native_generate_streams_sse_and_answers_meta_info(srv: RunningServer) -> None:
-    body = {"text": "the quick", "sampling_params": {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}}
+    sp = {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}
+    body = {"text": "the quick", "sampling_params": sp}
     plain = httpx.post(f"{srv.url}/generate", json=body, timeout=30).json()
     meta = plain["meta_info"]
     assert meta["completion_tokens"] == 6 and len(plain["output_ids"]) == 6
@@ -133,11 +136,11 @@ def test_stop_string_cuts_text_in_stream_and_not(srv: RunningServer) -> None:
                                extra_body={"ignore_eos": True})  # fmt: skip
     assert cut.choices[0].text == full[: full.find(stop)]
     assert cut.choices[0].finish_reason == "stop"
-    streamed = "".join(
-        ch.choices[0].text
-        for ch in c.completions.create(model="tiny", prompt="the", max_tokens=20, temperature=0, stop=[stop],
-                                       stream=True, extra_body={"ignore_eos": True})  # fmt: skip
-    )
+    stream = c.completions.create(
+        model="tiny", prompt="the", max_tokens=20, temperature=0, stop=[stop], stream=True,
+        extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    streamed = "".join(ch.choices[0].text for ch in stream)
     assert streamed == cut.choices[0].text  # no piece of the stop string leaked into the stream
 
 
