@@ -137,6 +137,8 @@ class EngineRunner:
         self._live: dict[str, _Live] = {}
         self._commands: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._wake = threading.Event()
+        self._closing = threading.Lock()
+        self._closed = False
         self._stopping = False
         self._idle_published = False
         self.accepting = True
@@ -178,8 +180,12 @@ class EngineRunner:
 
     # ----- commands (any thread) ------------------------------------------------------------------
     def _send(self, command: Callable[[], None]) -> None:
-        self._commands.put(command)
-        self._wake.set()
+        with self._closing:
+            if not self._closed:
+                self._commands.put(command)
+                self._wake.set()
+                return
+        command()  # the loop has ended: nothing else touches the engine now, answer here
 
     def submit(self, job: Job) -> None:
         self._send(lambda: self._submit(job))
@@ -197,10 +203,7 @@ class EngineRunner:
             except BaseException as e:  # handed to the caller
                 fut.set_exception(e)
 
-        if not self.thread.is_alive():
-            fut.set_exception(RuntimeError(self.error or "the engine loop is not running"))
-        else:
-            self._send(run)
+        self._send(run)
         return fut
 
     # ----- the loop (engine thread) ---------------------------------------------------------------
@@ -229,7 +232,9 @@ class EngineRunner:
                 self._end(live, Finished("abort", None, f"internal error: {self.error}", 500, 0, 0, 0))
             self._live.clear()
         finally:
-            self._run_commands()  # answer whatever arrived (call() futures, late submits)
+            with self._closing:  # from now on _send runs commands itself: none is ever left unanswered
+                self._closed = True
+                self._run_commands()
 
     def _run_commands(self) -> None:
         while True:
@@ -237,7 +242,10 @@ class EngineRunner:
                 command = self._commands.get_nowait()
             except queue.Empty:
                 return
-            command()
+            try:
+                command()
+            except Exception:  # one bad command must not take the loop down
+                log.error("An engine command failed:\n%s", traceback.format_exc())
 
     def _publish_pool(self) -> None:
         assert self.metrics is not None
@@ -247,7 +255,11 @@ class EngineRunner:
         self.metrics.set_pool(free, evictable, s.max_total_num_tokens - free - evictable)
 
     def _submit(self, job: Job) -> None:
-        if not self.accepting or self._stopping or self.error is not None:
+        if self.error is not None:
+            message = f"The engine loop is not running ({self.error})."
+            job.stream.put(Finished("abort", None, message, 503, len(job.input_ids), 0, 0))
+            return
+        if not self.accepting or self._stopping:
             job.stream.put(Finished("abort", None, SHUTDOWN_MESSAGE, 503, len(job.input_ids), 0, 0))
             return
         req = Req(rid=job.rid, origin_input_ids=job.input_ids, sampling=job.limits, params=job.params)
@@ -259,8 +271,9 @@ class EngineRunner:
         self._live[job.rid] = live
         if self.metrics is not None:
             self.metrics.on_arrival(job.rid, time.time())
-        self.backend.plan_output(job.rid, job.limits.max_new_tokens, job.limits.ignore_eos, job.params.seed)
-        self.engine.submit(req)  # a rejection ends it at once, through on_finish
+        if self.engine.submit(req):  # a rejection ends it at once, through on_finish
+            limits = req.sampling  # max_new_tokens as the scheduler capped it
+            self.backend.plan_output(job.rid, limits.max_new_tokens, limits.ignore_eos, job.params.seed)
 
     def _abort_client(self, rid: str) -> None:
         if rid in self._live:
