@@ -46,7 +46,8 @@ def test_malformed_json_and_wrong_types(srv: RunningServer) -> None:
     err = error_of(post(srv, "/v1/chat/completions", {"messages": "hi"}), 400)
     assert err["param"] == "messages"
     assert "field required" in error_of(post(srv, "/v1/completions", {"max_tokens": 3}), 400)["message"]
-    err = error_of(post(srv, "/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 3, "tempo": 1}}), 400)
+    bad_key = {"text": "hi", "sampling_params": {"max_new_tokens": 3, "tempo": 1}}
+    err = error_of(post(srv, "/generate", bad_key), 400)
     assert "tempo" in err["message"] and "temperature" in err["message"]  # names the allowed keys
     error_of(post(srv, "/generate", {"sampling_params": {}}), 400)  # neither text nor input_ids
 
@@ -76,7 +77,8 @@ def test_prompt_longer_than_the_context(srv: RunningServer) -> None:
     assert "maximum context length of 1000 tokens" in err["message"]
     assert "a total of 1000 tokens: 900 tokens from the input messages and 100 tokens" in err["message"]
     # Without a max_tokens (chat), a prompt longer than the pool can still never run: the scheduler says so.
-    err = error_of(post(srv, "/v1/chat/completions", {"messages": [{"role": "user", "content": "x" * 300}]}), 400)
+    long_chat = {"messages": [{"role": "user", "content": "x" * 300}]}
+    err = error_of(post(srv, "/v1/chat/completions", long_chat), 400)
     assert "exceeds the maximum allowed length" in err["message"]
 
 
@@ -89,7 +91,8 @@ def test_prompt_plus_max_tokens_that_can_never_fit_the_pool(srv: RunningServer) 
     assert "prompt 98 tokens + max_tokens 157 + one page (1) = 256 tokens, but the pool holds 256" in err[
         "message"]  # fmt: skip
     assert "at most 156 tokens" in err["message"]
-    err = error_of(post(srv, "/generate", {"text": "y" * 98, "sampling_params": {"max_new_tokens": 157}}), 400)
+    native = {"text": "y" * 98, "sampling_params": {"max_new_tokens": 157}}
+    err = error_of(post(srv, "/generate", native), 400)
     assert err["param"] == "max_new_tokens"
 
 
@@ -134,7 +137,8 @@ def test_api_key(cost: str) -> None:
         body = {"prompt": "hi", "max_tokens": 2}
         err = error_of(httpx.post(f"{s.url}/v1/completions", json=body), 401)
         assert "API key" in err["message"]
-        error_of(httpx.post(f"{s.url}/v1/completions", json=body, headers={"Authorization": "Bearer nope"}), 401)
+        wrong = {"Authorization": "Bearer nope"}
+        error_of(httpx.post(f"{s.url}/v1/completions", json=body, headers=wrong), 401)
         ok = httpx.post(f"{s.url}/v1/completions", json=body, headers={"Authorization": "Bearer sekrit"})
         assert ok.status_code == 200
         assert httpx.get(f"{s.url}/health").status_code == 200  # health checks need no key
