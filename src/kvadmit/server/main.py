@@ -10,7 +10,9 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
+import threading
 import time
 from dataclasses import asdict
 from typing import Any
@@ -144,7 +146,11 @@ def serve(ns: argparse.Namespace, args: ServerArgs) -> int:
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig: int, frame: Any) -> None:
-            runner.accepting = False  # new requests get 503 while in-flight ones finish
+            if runner.accepting:
+                runner.accepting = False  # new requests get 503 while in-flight ones finish
+                grace = threading.Timer(ns.graceful_shutdown_timeout, runner.abort_in_flight)
+                grace.daemon = True
+                grace.start()
             super().handle_exit(sig, frame)
 
         async def startup(self, sockets: Any = None) -> None:
@@ -154,9 +160,14 @@ def serve(ns: argparse.Namespace, args: ServerArgs) -> int:
 
     config = uvicorn.Config(
         app, host=ns.host, port=ns.port, log_level=ns.log_level,
-        timeout_graceful_shutdown=ns.graceful_shutdown_timeout,
+        # uvicorn waits for open connections; ours end once the grace timer has aborted what is left
+        timeout_graceful_shutdown=ns.graceful_shutdown_timeout + 5,
     )  # fmt: skip
     server = Server(config)
+    # uvicorn re-raises the signal that stopped it once it is done, with the handlers it found
+    # installed: make those no-ops, so a SIGTERM'd server exits 0 after its orderly shutdown.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
     try:
         server.run()
     finally:

@@ -145,6 +145,8 @@ class EngineRunner:
         self.error: str | None = None  # why the engine loop died
         self.last_progress = time.monotonic()
         self.steps = 0
+        self.submitted = 0  # requests handed to the engine thread
+        self.answered = 0  # requests whose end was put on their stream (each exactly once)
         self.thread = threading.Thread(target=self._loop, name="kvadmit-engine", daemon=True)
 
     # ----- lifecycle ------------------------------------------------------------------------------
@@ -155,14 +157,21 @@ class EngineRunner:
         """Abort whatever is still in flight (with a reason) and end the loop."""
         self.accepting = False
 
-        def abort_all() -> None:
-            for rid in list(self._live):
-                self._abort_now(rid, SHUTDOWN_MESSAGE, 503)
+        def abort_all_and_stop() -> None:
+            self._abort_all(SHUTDOWN_MESSAGE, 503)
             self._stopping = True
 
         if self.thread.is_alive():
-            self._send(abort_all)
+            self._send(abort_all_and_stop)
             self.thread.join(timeout)
+
+    def abort_in_flight(self, message: str = SHUTDOWN_MESSAGE, status: int = 503) -> None:
+        """Answer every in-flight request now with this reason (the engine frees them as they end)."""
+        self._send(lambda: self._abort_all(message, status))
+
+    def _abort_all(self, message: str, status: int) -> None:
+        for rid in list(self._live):
+            self._abort_now(rid, message, status)
 
     @property
     def healthy(self) -> tuple[bool, str]:
@@ -255,12 +264,13 @@ class EngineRunner:
         self.metrics.set_pool(free, evictable, s.max_total_num_tokens - free - evictable)
 
     def _submit(self, job: Job) -> None:
-        if self.error is not None:
-            message = f"The engine loop is not running ({self.error})."
+        self.submitted += 1
+        if self.error is not None or not self.accepting or self._stopping:
+            message = SHUTDOWN_MESSAGE
+            if self.error is not None:
+                message = f"The engine loop is not running ({self.error})."
+            self.answered += 1
             job.stream.put(Finished("abort", None, message, 503, len(job.input_ids), 0, 0))
-            return
-        if not self.accepting or self._stopping:
-            job.stream.put(Finished("abort", None, SHUTDOWN_MESSAGE, 503, len(job.input_ids), 0, 0))
             return
         req = Req(rid=job.rid, origin_input_ids=job.input_ids, sampling=job.limits, params=job.params)
         live = _Live(job, req)
@@ -331,7 +341,9 @@ class EngineRunner:
 
     def _end(self, live: _Live, finished: Finished) -> None:
         rid = live.job.rid
-        self._live.pop(rid, None)
+        if self._live.pop(rid, None) is None:
+            raise AssertionError(f"request {rid} would be answered twice")
+        self.answered += 1
         self.backend.forget(rid)
         if self.metrics is not None:
             self.metrics.forget(rid)
