@@ -98,7 +98,6 @@ def router(state: ServerState) -> APIRouter:
             },
         }
 
-    @r.api_route("/generate", methods=["POST", "PUT"])
     async def generate(body: GenerateBody, request: Request) -> Response:
         state.check_accepting()
         prompts, single = await prompts_of(body)
@@ -152,6 +151,9 @@ def router(state: ServerState) -> APIRouter:
 
         return stream_response(body_stream())
 
+    r.add_api_route("/generate", generate, methods=["POST"])
+    r.add_api_route("/generate", generate, methods=["PUT"], include_in_schema=False)
+
     @r.api_route("/health", methods=["GET"])
     @r.api_route("/health_generate", methods=["GET"])
     async def health(request: Request) -> Response:
@@ -202,11 +204,13 @@ def router(state: ServerState) -> APIRouter:
     r.add_api_route("/model_info", model_info, methods=["GET"])
     r.add_api_route("/get_model_info", model_info, methods=["GET"])
 
-    @r.api_route("/flush_cache", methods=["POST", "GET"])
     async def flush_cache() -> Response:
         if await state.engine_call(state.runner.flush_cache):
             return PlainTextResponse("Cache flushed.\n", status_code=200)
         return PlainTextResponse("Cache not flushed because there are pending requests.\n", status_code=400)
+
+    r.add_api_route("/flush_cache", flush_cache, methods=["POST"])
+    r.add_api_route("/flush_cache", flush_cache, methods=["GET"], include_in_schema=False)
 
     @r.post("/abort_request")
     async def abort_request(body: AbortBody) -> Response:
