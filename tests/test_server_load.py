@@ -50,6 +50,15 @@ def _request(i: int, rng: random.Random) -> tuple[str, dict[str, Any], bool]:
 
 async def _one(client: httpx.AsyncClient, path: str, body: dict[str, Any], stream: bool) -> tuple[int, int]:
     """(status, terminal events seen): a stream must end with exactly one [DONE]."""
+    try:
+        return await _one_inner(client, path, body, stream)
+    except httpx.TransportError as e:
+        raise AssertionError(f"transport error on {path}: {type(e).__name__}: {e}") from e
+
+
+async def _one_inner(
+    client: httpx.AsyncClient, path: str, body: dict[str, Any], stream: bool
+) -> tuple[int, int]:
     if not stream:
         r = await client.post(path, json=body)
         if r.status_code == 200:
@@ -86,7 +95,8 @@ def test_thousand_requests_at_concurrency_128(tiny_model: Path) -> None:
 
         results = asyncio.run(run())
         statuses = [s for s, _ in results]
-        assert not [s for s in statuses if s >= 500]
+        assert not [s for s in statuses if s >= 500], [
+            (r, s) for r, s in zip(requests, statuses, strict=True) if s >= 500][:3]  # fmt: skip
         assert statuses.count(400) == 40  # the 40 invalid ones, and only those
         assert statuses.count(200) == 960
         assert all(done == 1 for _, done in results)

@@ -71,6 +71,13 @@ def create_app(state: ServerState) -> FastAPI:
     async def http_error(_: Request, exc: StarletteHTTPException) -> Response:
         return JSONResponse(error_body(str(exc.detail), exc.status_code), status_code=exc.status_code)
 
+    @app.exception_handler(ConnectionAbortedError)
+    async def client_gone(_: Request, exc: ConnectionAbortedError) -> Response:
+        # the client disconnected before its answer; its request was aborted. Nobody reads this.
+        return JSONResponse(
+            error_body("The client disconnected; the request was aborted.", 499), status_code=499
+        )
+
     @app.exception_handler(Exception)
     async def internal_error(request: Request, exc: Exception) -> Response:
         log.exception("internal error on %s %s", request.method, request.url.path)
