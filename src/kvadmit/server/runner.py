@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import queue
 import threading
@@ -56,7 +57,7 @@ class Stream:
         self._loop = loop
         self._queue: asyncio.Queue[list[int] | Finished] = asyncio.Queue()
 
-    def put(self, item: list[int] | Finished) -> None:  # engine thread
+    def put(self, item: list[int] | Finished) -> None:  # any thread
         self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
 
     async def get(self, timeout: float) -> list[int] | Finished | None:
@@ -64,6 +65,33 @@ class Stream:
             return await asyncio.wait_for(self._queue.get(), timeout)
         except asyncio.TimeoutError:
             return None
+
+
+class Outbox:
+    """What one engine step has for the handlers, delivered with one wake-up per event loop (not one
+    per token per request: with a hundred streams that is most of a step's cost)."""
+
+    def __init__(self) -> None:
+        self._items: list[tuple[Stream, list[int] | Finished]] = []
+
+    def put(self, stream: Stream, item: list[int] | Finished) -> None:
+        self._items.append((stream, item))
+
+    def flush(self) -> None:
+        if not self._items:
+            return
+        items, self._items = self._items, []
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Stream, list[int] | Finished]]] = {}
+        for stream, item in items:
+            by_loop.setdefault(stream._loop, []).append((stream, item))
+        for loop, batch in by_loop.items():
+            with contextlib.suppress(RuntimeError):  # a closed event loop: nobody is left to read these
+                loop.call_soon_threadsafe(_deliver, batch)
+
+
+def _deliver(batch: list[tuple[Stream, list[int] | Finished]]) -> None:
+    for stream, item in batch:
+        stream._queue.put_nowait(item)
 
 
 @dataclass(slots=True)
@@ -137,6 +165,7 @@ class EngineRunner:
         self._live: dict[str, _Live] = {}
         self._commands: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._wake = threading.Event()
+        self._outbox = Outbox()
         self._closing = threading.Lock()
         self._closed = False
         self._stopping = False
@@ -195,6 +224,7 @@ class EngineRunner:
                 self._wake.set()
                 return
         command()  # the loop has ended: nothing else touches the engine now, answer here
+        self._outbox.flush()
 
     def submit(self, job: Job) -> None:
         self._send(lambda: self._submit(job))
@@ -221,12 +251,14 @@ class EngineRunner:
             while not self._stopping:
                 self._wake.clear()
                 self._run_commands()
+                self._outbox.flush()
                 if self._stopping:
                     break
                 if self.engine.step():
                     self.steps += 1
                     self.last_progress = time.monotonic()
                     self._idle_published = False
+                    self._outbox.flush()
                     continue
                 self.last_progress = time.monotonic()
                 if not self._idle_published and self.metrics is not None:
@@ -244,6 +276,7 @@ class EngineRunner:
             with self._closing:  # from now on _send runs commands itself: none is ever left unanswered
                 self._closed = True
                 self._run_commands()
+                self._outbox.flush()
 
     def _run_commands(self) -> None:
         while True:
@@ -270,7 +303,7 @@ class EngineRunner:
             if self.error is not None:
                 message = f"The engine loop is not running ({self.error})."
             self.answered += 1
-            job.stream.put(Finished("abort", None, message, 503, len(job.input_ids), 0, 0))
+            self._outbox.put(job.stream, Finished("abort", None, message, 503, len(job.input_ids), 0, 0))
             return
         req = Req(rid=job.rid, origin_input_ids=job.input_ids, sampling=job.limits, params=job.params)
         live = _Live(job, req)
@@ -314,7 +347,7 @@ class EngineRunner:
                 continue
             live = self._live.get(req.rid)
             if live is not None and len(req.output_ids) > live.sent:
-                live.job.stream.put(req.output_ids[live.sent :])
+                self._outbox.put(live.job.stream, req.output_ids[live.sent :])
                 live.sent = len(req.output_ids)
 
     def on_finish(self, req: Req, now: float) -> None:
@@ -322,7 +355,7 @@ class EngineRunner:
         if live is None:
             return
         if len(req.output_ids) > live.sent:
-            live.job.stream.put(req.output_ids[live.sent :])
+            self._outbox.put(live.job.stream, req.output_ids[live.sent :])
             live.sent = len(req.output_ids)
         reason = req.finished_reason
         if reason is None:
@@ -347,7 +380,7 @@ class EngineRunner:
         self.backend.forget(rid)
         if self.metrics is not None:
             self.metrics.forget(rid)
-        live.job.stream.put(finished)
+        self._outbox.put(live.job.stream, finished)
 
     # ----- state (engine thread, through call()) --------------------------------------------------
     def internal_state(self) -> dict[str, Any]:
