@@ -149,7 +149,7 @@ def router(state: ServerState) -> APIRouter:
                 item = await anext(events, None)
             yield DONE
 
-        return stream_response(body_stream())
+        return stream_response(body_stream(), s)
 
     r.add_api_route("/generate", generate, methods=["POST"])
     r.add_api_route("/generate", generate, methods=["PUT"], include_in_schema=False)

@@ -172,7 +172,7 @@ def router(state: ServerState) -> APIRouter:
                 item = await anext(events, None)
             yield DONE
 
-        return stream_response(body_stream())
+        return stream_response(body_stream(), s)
 
     @r.post("/v1/completions")
     async def completions(body: CompletionBody, request: Request) -> Response:

@@ -100,6 +100,8 @@ class Session:
         self._last_token_at: float | None = None
         self._itls: list[float] = []
         self.outcome: Outcome | None = None
+        self._closed = False
+        self._recorded = False  # request-side metrics are taken once, at the first end seen
 
     async def events(self) -> AsyncIterator[Delta | Outcome]:
         """Deltas as tokens arrive, then the Outcome. If the consumer stops early (the client went away)
@@ -125,9 +127,14 @@ class Session:
                 self.output_ids.extend(item)
                 yield Delta(self.text.add(item), item)
         finally:
-            if self.outcome is None:
-                self.runner.abort(self.rid)
-                self._record(aborted=True, completion_tokens=len(self.output_ids), cached=0)
+            self.close()
+
+    def close(self) -> None:
+        """If the request has not ended, abort it (the client is gone). Safe to call more than once."""
+        if self.outcome is None and not self._closed:
+            self._closed = True
+            self.runner.abort(self.rid)
+            self._record(aborted=True, completion_tokens=len(self.output_ids), cached=0)
 
     async def result(self) -> Outcome:
         async for event in self.events():
@@ -147,8 +154,9 @@ class Session:
 
     def _record(self, *, aborted: bool, completion_tokens: int, cached: int) -> None:
         metrics = self.runner.metrics
-        if metrics is None:
+        if metrics is None or self._recorded:
             return
+        self._recorded = True
         metrics.request_done(
             streaming=self.streaming,
             prompt_tokens=len(self.input_ids),

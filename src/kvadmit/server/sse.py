@@ -4,6 +4,7 @@ request still gets its proper status code."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -30,8 +31,31 @@ async def first_event(session: Session) -> tuple[AsyncIterator[Delta | Outcome],
     return events, first
 
 
-def stream_response(body: AsyncIterator[bytes]) -> StreamingResponse:
-    return StreamingResponse(body, media_type="text/event-stream")
+class SessionStream(StreamingResponse):
+    """An SSE response that aborts its request the moment its client goes away (a watcher reads the
+    connection's disconnect while tokens stream; a stream that never waits would otherwise only
+    notice at its end), and however else the response ends."""
+
+    def __init__(self, body: AsyncIterator[bytes], session: Session) -> None:
+        super().__init__(body, media_type="text/event-stream")
+        self.session = session
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        async def watch() -> None:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            self.session.close()
+
+        watcher = asyncio.create_task(watch())
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            watcher.cancel()
+            self.session.close()
+
+
+def stream_response(body: AsyncIterator[bytes], session: Session) -> StreamingResponse:
+    return SessionStream(body, session)
 
 
 def abort_event(outcome: Outcome) -> bytes:
