@@ -47,6 +47,7 @@ class Finished:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
+    first_token_time: float | None = None  # wall clock, taken on the engine thread
 
 
 class Stream:
@@ -102,6 +103,7 @@ class Job:
     params: SamplingParams
     stream: Stream
     stop: list[str] = field(default_factory=list)
+    stream_tokens: bool = True  # False: all tokens come with the end (a non-streaming request)
 
 
 @dataclass(slots=True)
@@ -109,6 +111,7 @@ class _Live:
     job: Job
     req: Req
     sent: int = 0  # output tokens already put on the stream
+    first_token_time: float | None = None
     detok: Any = None  # stop-string detokenizer (only for requests with stop strings)
 
 
@@ -346,7 +349,11 @@ class EngineRunner:
             if req is batch.chunked:
                 continue
             live = self._live.get(req.rid)
-            if live is not None and len(req.output_ids) > live.sent:
+            if live is None:
+                continue
+            if live.first_token_time is None and req.output_ids:
+                live.first_token_time = now
+            if live.job.stream_tokens and len(req.output_ids) > live.sent:
                 self._outbox.put(live.job.stream, req.output_ids[live.sent :])
                 live.sent = len(req.output_ids)
 
@@ -368,9 +375,11 @@ class EngineRunner:
 
     def _finished(self, req: Req, end: tuple[str, int | str | None, str, int]) -> Finished:
         kind, matched, message, status = end
+        live = self._live.get(req.rid)
         return Finished(
-            kind, matched, message, status, len(req.origin_input_ids), len(req.output_ids), req.cached_tokens
-        )
+            kind, matched, message, status, len(req.origin_input_ids), len(req.output_ids), req.cached_tokens,
+            live.first_token_time if live is not None else None,
+        )  # fmt: skip
 
     def _end(self, live: _Live, finished: Finished) -> None:
         rid = live.job.rid

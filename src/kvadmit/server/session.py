@@ -92,10 +92,11 @@ class Session:
         self.streaming = streaming
         self.is_disconnected = is_disconnected
         self.stream = Stream(asyncio.get_running_loop())
-        self.job = Job(self.rid, input_ids, limits, params, self.stream, stops)
+        self.job = Job(self.rid, input_ids, limits, params, self.stream, stops, stream_tokens=streaming)
         self.text = TextAssembler(runner.backend.tokenizer, stops, skip_special_tokens)
         self.output_ids: list[int] = []
         self.start = time.perf_counter()
+        self.start_wall = time.time()
         self.ttft: float | None = None
         self._last_token_at: float | None = None
         self._itls: list[float] = []
@@ -118,12 +119,13 @@ class Session:
                     self.outcome = self._finish(item)
                     yield self.outcome
                     return
-                now = time.perf_counter()
-                if self.ttft is None:
-                    self.ttft = now - self.start
-                elif self._last_token_at is not None:
-                    self._itls.append(now - self._last_token_at)
-                self._last_token_at = now
+                if self.streaming:  # (a non-streaming request's tokens all come with its end)
+                    now = time.perf_counter()
+                    if self.ttft is None:
+                        self.ttft = now - self.start
+                    elif self._last_token_at is not None:
+                        self._itls.append(now - self._last_token_at)
+                    self._last_token_at = now
                 self.output_ids.extend(item)
                 yield Delta(self.text.add(item), item)
         finally:
@@ -143,6 +145,9 @@ class Session:
         raise ConnectionAbortedError("the client disconnected")
 
     def _finish(self, finished: Finished) -> Outcome:
+        if self.ttft is None and finished.first_token_time is not None:
+            # a non-streaming request: its tokens came with the end; the first one's time did not
+            self.ttft = max(0.0, finished.first_token_time - self.start_wall)
         text, rest = self.text.finish(finished.matched)
         e2e = time.perf_counter() - self.start
         self._record(
