@@ -1,0 +1,259 @@
+"""One log line in, one `Parsed` record out (or None for a line the doctor does not know).
+
+The message is found by its head anywhere in the line, so every prefix seen in the wild works:
+`[2026-09-13 16:06:04] `, `[2025-06-12 11:41:56 TP0] `, `2025-02-19 11:45:37 TP0] ` (no bracket),
+`2025-10-20 03:02:22 INFO 31223 [DP3 TP3 EP3 file.py:222] `, vLLM's `INFO 06-16 21:24:15 metrics.py:341] `,
+or nothing at all. The timestamp and rank tags are read from the text before the head. Field names and
+the heads come from `kvadmit.observe.loglines` (SGLang) and `vllm_lines` (vLLM): no second definition.
+
+Cheap substring tests pick the candidate format before any regex runs: most lines of a big log are
+batch lines or HTTP access lines, and unknown lines cost a handful of `in` tests.
+"""
+
+from __future__ import annotations
+
+import calendar
+import re
+
+from kvadmit.doctor import vllm_lines
+from kvadmit.observe import loglines
+from kvadmit.scheduler.retraction import (
+    LAST_REQUEST_ABORT_MESSAGE,
+    LAST_REQUEST_ASSERTION,
+    LAST_REQUEST_VALUE_ERROR,
+)
+
+# Kinds of record.
+PREFILL = "prefill"
+DECODE = "decode"
+RETRACT = "retract"
+STARTUP = "startup"
+LAST_REQUEST = "last_request"  # the last-request failure of retract_decode, by release
+GPU_OOM = "gpu_oom"  # the allocator of the GPU itself ran out (activations, not the KV pool)
+ABORT = "abort"
+HTTP = "http"
+HEALTH_FAIL = "health_fail"
+ERROR = "error"
+TRACEBACK = "traceback"
+VLLM_STATUS = "vllm_status"
+VLLM_PREEMPT = "vllm_preempt"
+PROGRESS = "progress"
+METRIC = "metric"
+
+_BATCH = re.compile(r"(Prefill|Decode) batch(?: \[\d+\])?[.,]?")
+_TS = re.compile(r"(?:(\d{4})-)?(\d\d)-(\d\d)[ T](\d\d):(\d\d):(\d\d)(?:[.,](\d+))?")
+_TIME_ONLY = re.compile(r"(?:^|[\[ ])(\d\d):(\d\d):(\d\d)(?:[.,]\d+)?(?=[\] ])")
+_RANK = re.compile(r"\b(?:TP|DP|PP|EP|CP|ATTN_DP|MOE_EP)\d+\b")
+_HTTP = re.compile(r"\"(GET|POST|PUT|DELETE|HEAD|PATCH) (\S+) HTTP/[\d.]+\" (\d{3})")
+_ERROR = re.compile(r"\b([A-Z][A-Za-z0-9_.]*(?:Error|Exception))\b:?")
+_ELAPSED = re.compile(r"\[(?:(\d+):)?(\d+):(\d\d)<")
+_ABORT_RID = re.compile(r"Abort request (\S+)")
+
+_RETRACT_HEADS = tuple(dict.fromkeys(f.head for f in loglines.RETRACT_FORMATS))
+_BATCH_READER = loglines.FieldReader(loglines.BATCH_FORMATS)
+# The fields the doctor reads from the exact lines (the rest stay unconverted).
+_DECODE_FIELDS = ("running_req", "num_used_tokens", "token_usage", "gen_throughput", "queue_req")
+_PREFILL_FIELDS = ("new_seq", "new_token", "cached_token", "token_usage", "running_req", "queue_req")
+_RETRACT_READER = loglines.FieldReader(loglines.RETRACT_FORMATS)
+_STARTUP_READER = loglines.FieldReader(loglines.STARTUP_FORMATS, sep="=")
+_STARTUP_HEAD = "max_total_num_tokens="
+_METRIC_PREFIXES = ("sglang:", "sglang_", "vllm:", "vllm_", "# HELP ", "# TYPE ")
+
+
+class Parsed:
+    """What one line says. `t` is seconds on a common clock (None without a timestamp), `ts` the
+    timestamp text, `rank` the rank tags ("TP0", "DP3 TP3 EP3"), `scheduler` the DP rank ("" when
+    there is one scheduler), `body` the message from its head on."""
+
+    __slots__ = ("body", "fields", "kind", "rank", "scheduler", "t", "ts")
+
+    def __init__(self, kind: str, body: str, fields: dict[str, object]) -> None:
+        self.kind = kind
+        self.body = body
+        self.fields = fields
+        self.t: float | None = None
+        self.ts = ""
+        self.rank = ""
+        self.scheduler = ""
+
+
+class LineParser:
+    """Parses lines; remembers the last timestamp conversion (a log has many lines per second)."""
+
+    def __init__(self) -> None:
+        self._ts_text = ""
+        self._ts_value: float | None = None
+        self._last_prefix = ""
+        self._last: tuple[str, float | None, str, str] = ("", None, "", "")
+
+    def parse(self, text: str) -> Parsed | None:
+        rec, start = self._message(text)
+        if rec is None:
+            return None
+        if start > 0:
+            prefix = text[:start]
+            if prefix == self._last_prefix:  # consecutive lines often share their prefix exactly
+                rec.ts, rec.t, rec.rank, rec.scheduler = self._last
+            else:
+                self._prefix(rec, prefix)
+                self._last_prefix = prefix
+                self._last = (rec.ts, rec.t, rec.rank, rec.scheduler)
+        return rec
+
+    # -- the message ---------------------------------------------------------------------------------
+
+    def _message(self, text: str) -> tuple[Parsed | None, int]:
+        if text.startswith(_METRIC_PREFIXES):
+            return Parsed(METRIC, text, {}), 0
+        if "batch" in text:
+            # The current releases' exact lines: one regex, fields converted where they are used.
+            start = text.find("Decode batch, ")
+            if start >= 0:
+                raw = loglines.DECODE.match_raw(text, start)
+                if raw is not None:
+                    return Parsed(DECODE, text[start:], loglines.DECODE.typed(raw, _DECODE_FIELDS)), start
+            start = text.find("Prefill batch, ")
+            if start >= 0:
+                raw = loglines.PREFILL.match_raw(text, start) or loglines.PREFILL_CLASSIC.match_raw(
+                    text, start
+                )
+                if raw is not None:
+                    return Parsed(PREFILL, text[start:], loglines.PREFILL.typed(raw, _PREFILL_FIELDS)), start
+            m = _BATCH.search(text)
+            if m is not None:
+                kind = PREFILL if m.group(1) == "Prefill" else DECODE
+                fields, _ = _BATCH_READER.read(text[m.end() :])
+                return Parsed(kind, text[m.start() :], fields), m.start()
+        if " HTTP/" in text:
+            m = _HTTP.search(text)
+            if m is not None:
+                path, status = m.group(2), int(m.group(3))
+                fields = {"method": m.group(1), "path": path, "status": status}
+                start = m.start()
+                if path.startswith("/health") and status >= 400:
+                    return Parsed(HEALTH_FAIL, text[start:], fields), start
+                return Parsed(HTTP, text[start:], fields), start
+        if vllm_lines.STATUS_HEAD in text:
+            start = text.find(vllm_lines.STATUS_HEAD)
+            fields, _ = vllm_lines.STATUS_READER.read(text[start:])
+            elapsed = _progress_elapsed(text[:start])
+            if elapsed is not None:
+                fields["elapsed_s"] = elapsed
+            return Parsed(VLLM_STATUS, text[start:], fields), start
+        for head in _RETRACT_HEADS:
+            start = text.find(head)
+            if start >= 0:
+                fields, _ = _RETRACT_READER.read(text[start + len(head) :])
+                fields["forced"] = head == loglines.TEST_RETRACT.head
+                fields["wording"] = head
+                return Parsed(RETRACT, text[start:], fields), start
+        if _STARTUP_HEAD in text:
+            start = text.find(_STARTUP_HEAD)
+            fields, _ = _STARTUP_READER.read(text[start:])
+            return Parsed(STARTUP, text[start:], fields), start
+        rec = self._failure(text)
+        if rec is not None:
+            return rec
+        if vllm_lines.PREEMPT_HEAD in text:
+            parsed = vllm_lines.PREEMPT.parse(text)
+            start = text.find("Sequence group")
+            start = start if start >= 0 else text.find(vllm_lines.PREEMPT_HEAD)
+            return Parsed(VLLM_PREEMPT, text[start:], dict(parsed or {})), start
+        if "Processed prompts" in text:
+            elapsed = _progress_elapsed(text)
+            if elapsed is not None:
+                start = text.find("Processed prompts")
+                return Parsed(PROGRESS, text[start:], {"elapsed_s": elapsed}), start
+        return None, 0
+
+    def _failure(self, text: str) -> tuple[Parsed, int] | None:
+        """Retraction's last-request failures by release, GPU OOM, aborts, health checks, tracebacks."""
+        if "ut of memory" in text or "OutOfMemory" in text:
+            start = text.find(LAST_REQUEST_VALUE_ERROR)
+            if start >= 0:
+                graceful = text.startswith(LAST_REQUEST_ABORT_MESSAGE, start)
+                crash = "ValueError" in text[:start]
+                release = ">=0.5.10" if graceful else ("0.5.7-0.5.9" if crash else "unknown")
+                fields = {"release": release, "graceful": graceful}
+                begin = text.rfind("ValueError", 0, start) if crash else start
+                return Parsed(LAST_REQUEST, text[begin:], fields), begin
+            for marker in ("CUDA out of memory", "HIP out of memory", "OutOfMemoryError"):
+                start = text.find(marker)
+                if start >= 0:
+                    return Parsed(GPU_OOM, text[start:], {}), start
+        if LAST_REQUEST_ASSERTION in text:
+            start = text.find(LAST_REQUEST_ASSERTION)
+            begin = text.rfind("AssertionError", 0, start)
+            begin = begin if begin >= 0 else start
+            return Parsed(LAST_REQUEST, text[begin:], {"release": "<=0.5.6", "graceful": False}), begin
+        if loglines.LAST_REQUEST_ABORTED.head in text:
+            start = text.find(loglines.LAST_REQUEST_ABORTED.head)
+            fields = {"release": ">=0.5.10", "graceful": True}
+            return Parsed(LAST_REQUEST, text[start:], fields), start
+        if "Abort request " in text:
+            m = _ABORT_RID.search(text)
+            if m is not None:
+                return Parsed(ABORT, text[m.start() :], {"rid": m.group(1)}), m.start()
+        if "ealth check" in text and ("fail" in text or "timeout" in text or "timed out" in text):
+            start = max(text.find("Health check"), text.find("health check"))
+            return Parsed(HEALTH_FAIL, text[start:], {}), start
+        if "Traceback (most recent call last)" in text:
+            start = text.find("Traceback")
+            return Parsed(TRACEBACK, text[start:], {}), start
+        if text.startswith(('  File "', "    ")) and ('File "' in text or text.strip().startswith("^")):
+            return Parsed(TRACEBACK, text.strip(), {}), 0
+        if "Error" in text or "Exception" in text:
+            m = _ERROR.search(text)
+            if m is not None and (m.group(0).endswith(":") or m.start() == 0):
+                return Parsed(ERROR, text[m.start() :], {"type": m.group(1)}), m.start()
+        return None
+
+    # -- the prefix ----------------------------------------------------------------------------------
+
+    def _prefix(self, rec: Parsed, prefix: str) -> None:
+        m = _TS.search(prefix)
+        if m is not None:
+            ts = m.group(0)
+            rec.ts = ts
+            if ts != self._ts_text:
+                self._ts_text = ts
+                self._ts_value = _seconds(m)
+            rec.t = self._ts_value
+        else:
+            m2 = _TIME_ONLY.search(prefix)
+            if m2 is not None:
+                rec.ts = m2.group(0).strip("[ ")
+                h, mi, s = int(m2.group(1)), int(m2.group(2)), int(m2.group(3))
+                rec.t = float(h * 3600 + mi * 60 + s)
+        if "P" in prefix:  # TP/DP/PP/EP/CP tags
+            tags = _RANK.findall(prefix)
+            if tags:
+                rec.rank = " ".join(tags)
+                for tag in tags:
+                    if tag.startswith(("DP", "ATTN_DP")):
+                        rec.scheduler = tag
+                        break
+
+
+def _seconds(m: re.Match[str]) -> float | None:
+    year = int(m.group(1)) if m.group(1) else 2000  # vLLM prints no year; only differences matter
+    month, day = int(m.group(2)), int(m.group(3))
+    if not (1 <= month <= 12 and 1 <= day <= 31):
+        return None
+    hour, minute, sec = int(m.group(4)), int(m.group(5)), int(m.group(6))
+    frac = float("0." + m.group(7)) if m.group(7) else 0.0
+    try:
+        return calendar.timegm((year, month, day, hour, minute, sec, 0, 0, 0)) + frac
+    except (ValueError, OverflowError):
+        return None
+
+
+def _progress_elapsed(text: str) -> float | None:
+    """Seconds elapsed in a tqdm bar (`[00:29<3:36:54`), as vLLM's offline runs print."""
+    if "<" not in text:
+        return None
+    m = _ELAPSED.search(text)
+    if m is None:
+        return None
+    hours = int(m.group(1)) if m.group(1) else 0
+    return float(hours * 3600 + int(m.group(2)) * 60 + int(m.group(3)))
