@@ -131,6 +131,14 @@ def healthy() -> list[str]:
     ]
 
 
+def no_queue() -> list[str]:
+    return [
+        "Nothing to change for admission. If users still wait, look at time per output token or the client; "
+        "in a benchmark, #queue-req staying at 0 means the client sends too slowly to load the server "
+        "(SGLang's tuning guide).",
+    ]
+
+
 def unrelated() -> list[str]:
     return [
         "Look outside admission: the health-check path, timeouts, the network between ranks, client "

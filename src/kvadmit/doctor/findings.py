@@ -63,14 +63,22 @@ def kv_pressure(c: Collected) -> bool:
 
 
 def log_findings(c: Collected, pool_from_metrics: float | None = None) -> list[Finding]:
+    pool, note = explain.pool_size(c, pool_from_metrics)
+    shape = c.waves.shape()
+    arithmetic = explain.wave_arithmetic(c, shape, pool) if shape is not None and pool else None
     found: list[Finding] = []
-    for rule in (_oom, _collapse, _retraction, _vllm_preemption, _stall, _idle, _unrelated):
+    for rule in (_oom, _collapse, _retraction, _vllm_preemption, _stall, _unrelated):
         f = rule(c)
         if f is not None:
             found.append(f)
+    # When the admission rule itself explains how many run (a whole request more does not fit), the pool
+    # is not idle however low its usage looks between waves.
+    idle = _idle(c) if arithmetic is None else None
+    if idle is not None:
+        found.append(idle)
     verdicts = {f.verdict for f in found}
     if not verdicts & {STORM, IDLE_POOL} and c.queue.with_queue_info:
-        found.append(_healthy(c, pool_from_metrics))
+        found.append(_healthy(c, pool, note, arithmetic))
     return found
 
 
@@ -381,9 +389,11 @@ def _idle(c: Collected) -> Finding | None:
     q = c.queue
     if q.waiting == 0:
         return None
-    p90 = q.usage_quantile(0.9)
-    stuck = q.stuck > 0 and (p90 is None or p90 < 0.05)
-    if not stuck and (p90 is None or p90 >= LOW_USAGE):
+    # The peak (98th percentile, so one odd line does not decide) of usage while requests wait: a pool the
+    # forecast fills reaches high usage at some point, an idle one never does.
+    peak = q.usage_quantile(0.98)
+    stuck = q.stuck > 0 and (peak is None or peak < 0.05)
+    if not stuck and (peak is None or peak >= LOW_USAGE):
         return None
     low_usage, low_quote = q.low_wait if q.low_wait else (0.0, q.first_wait)
     max_queue = q.max_queue[0] if q.max_queue else 0
@@ -391,7 +401,7 @@ def _idle(c: Collected) -> Finding | None:
         title_usage = f"token usage {low_usage:.2f} while {max_queue:,} requests wait"
     else:
         title_usage = (
-            f"token usage at most {p90:.2f} in 90% of the {q.waiting:,} moments requests waited "
+            f"token usage never above {peak:.2f} in the {q.waiting:,} moments requests waited "
             f"(up to {max_queue:,} queued)"
         )
     cause, lines, extra = _idle_cause(c, stuck)
@@ -404,7 +414,7 @@ def _idle(c: Collected) -> Finding | None:
         lines,
         evidence,
         advice.idle(cause, c),
-        {"cause": cause, "usage_p90_waiting": p90, "waiting_samples": q.waiting, "max_queue": max_queue},
+        {"cause": cause, "usage_peak_waiting": peak, "waiting_samples": q.waiting, "max_queue": max_queue},
     )
 
 
@@ -543,7 +553,7 @@ def _unrelated(c: Collected) -> Finding | None:
 # -- healthy -------------------------------------------------------------------------------------------
 
 
-def _healthy(c: Collected, pool_from_metrics: float | None) -> Finding:
+def _healthy(c: Collected, pool: int | None, note: str, arithmetic: list[str] | None) -> Finding:
     q = c.queue
     retraction = "" if not c.retract.events else ", apart from the retraction noted below"
     if q.waiting == 0:
@@ -568,13 +578,11 @@ def _healthy(c: Collected, pool_from_metrics: float | None) -> Finding:
             title,
             lines,
             evidence,
-            [],
+            advice.no_queue(),
             {"max_queue": max_q},
         )
-    pool, note = explain.pool_size(c, pool_from_metrics)
-    shape = c.waves.shape()
-    arithmetic = explain.wave_arithmetic(c, shape, pool) if shape is not None and pool else None
-    lines = arithmetic or explain.generic_arithmetic(c, pool, note)
+    shape = c.waves.shape() if arithmetic is not None else None
+    lines = list(arithmetic) if arithmetic else explain.generic_arithmetic(c, pool, note)
     trend = explain.queue_trend(c)
     if trend:
         lines.append(trend)
@@ -587,7 +595,7 @@ def _healthy(c: Collected, pool_from_metrics: float | None) -> Finding:
     numbers: dict[str, object] = {
         "pool": pool,
         "waiting_samples": q.waiting,
-        "usage_p90_waiting": q.usage_quantile(0.9),
+        "usage_peak_waiting": q.usage_quantile(0.98),
     }
     if shape is not None:
         numbers.update(

@@ -14,7 +14,7 @@ from kvadmit.doctor.model import (
     Finding,
 )
 from kvadmit.doctor.rates import Rate, duration, per_minute
-from kvadmit.doctor.trackers import Quote, Sample, quote
+from kvadmit.doctor.trackers import Quote, Sample
 
 
 def feed(collector: Collector, scrapes: list[prom.Scrape]) -> None:
@@ -92,11 +92,7 @@ def _counter_finding(scrapes: list[prom.Scrape]) -> Finding | None:
         increase, seconds = got
         rate = Rate(round(increase), seconds)
         pm = rate.per_minute or 0.0
-        evidence = [
-            quote(first.line_of(name) or 1, f"{name} {first.value(name):g}"),
-            quote(last.line_of(name) or 1, f"{name} {last.value(name):g}"),
-        ]
-        evidence[0].source, evidence[1].source = first.source, last.source
+        evidence = [*first.quotes((name,)), *last.quotes((name,))]
         text = (
             f"{name} rose by {increase:g} in {duration(seconds)} between scrapes: "
             f"{per_minute(pm)} {what}s per minute"
@@ -144,15 +140,10 @@ def _pitfall(scrapes: list[prom.Scrape]) -> Finding | None:
     evidence: list[Quote] = []
     if gauge:
         s = next(s for s in sglang if prom.RETRACTED_GAUGE in s.names())
-        q = quote(
-            s.line_of(prom.RETRACTED_GAUGE) or 1, f"{prom.RETRACTED_GAUGE} {s.value(prom.RETRACTED_GAUGE):g}"
-        )
-        q.source = s.source
-        evidence.append(q)
+        evidence += s.quotes((prom.RETRACTED_GAUGE,))
         lines.append(
             f"{prom.RETRACTED_GAUGE} is a gauge that holds the most recent retraction's count and is reset "
-            "to 0 "
-            "at the next log interval: a 0 covers only the last interval, not the run."
+            "to 0 at the next log interval: a 0 covers only the last interval, not the run."
         )
     if counter:
         having = [s for s in sglang if s.value(prom.RETRACTED_COUNTER) is not None]

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import bz2
 import codecs
-import gzip
 import lzma
 import os
 import sys
@@ -87,16 +86,47 @@ class _Peekable:
         return self.raw.read(n)
 
 
-def _decompressor(name: str, stream: _Peekable) -> IO[bytes]:
-    if name == "gzip":
-        return gzip.GzipFile(fileobj=stream)  # type: ignore[arg-type]
-    if name == "bz2":
-        return bz2.BZ2File(stream)  # type: ignore[arg-type]
-    return lzma.LZMAFile(stream)  # type: ignore[arg-type]
+class _Decompressed:
+    """A compressed stream read through the decompressor objects of the standard library, so that a
+    truncated file yields everything before the cut (and says so) instead of failing on its first read."""
+
+    def __init__(self, name: str, stream: _Peekable) -> None:
+        self.name = name
+        self.stream = stream
+        self.dec = self._new()
+        self.buffer = b""
+        self.ended = False
+        self.truncated = ""
+
+    def _new(self) -> zlib._Decompress | bz2.BZ2Decompressor | lzma.LZMADecompressor:
+        if self.name == "gzip":
+            return zlib.decompressobj(wbits=31)
+        if self.name == "bz2":
+            return bz2.BZ2Decompressor()
+        return lzma.LZMADecompressor()
+
+    def read(self, n: int) -> bytes:
+        while len(self.buffer) < n and not self.ended:
+            chunk = self.stream.read(BLOCK)
+            if not chunk:
+                self.ended = True
+                if not self.dec.eof:
+                    self.truncated = f"the {self.name} stream ends early (truncated file?)"
+                break
+            try:
+                self.buffer += self.dec.decompress(chunk)
+                while self.dec.eof and self.dec.unused_data:  # concatenated members (rotated logs)
+                    rest = self.dec.unused_data
+                    self.dec = self._new()
+                    self.buffer += self.dec.decompress(rest)
+            except (zlib.error, OSError, lzma.LZMAError, EOFError, ValueError) as e:
+                self.ended = True
+                self.truncated = f"the {self.name} stream is damaged ({e})"
+        out, self.buffer = self.buffer[:n], self.buffer[n:]
+        return out
 
 
 _COMPRESSED = {b"\x1f\x8b": "gzip", b"BZh": "bz2", b"\xfd7zXZ\x00": "xz"}
-_STREAM_ERRORS = (EOFError, OSError, zlib.error, lzma.LZMAError, ValueError)
 
 
 def _sniff_encoding(head: bytes, label: str) -> str:
@@ -141,16 +171,16 @@ class LogSource:
         if not head:
             raise DoctorInputError(f"{self.label} is empty: there is nothing to diagnose")
         self._bytes: IO[bytes] | _Peekable = stream
+        self._decompressed: _Decompressed | None = None
         for magic, name in _COMPRESSED.items():
             if head.startswith(magic):
                 self.stats.compression = name
-                inner = _Peekable(_decompressor(name, stream))
-                try:
-                    head = inner.peek(SNIFF)
-                except _STREAM_ERRORS as e:
-                    raise DoctorInputError(f"{self.label} is a damaged {name} file ({e})") from None
+                self._decompressed = _Decompressed(name, stream)
+                inner = _Peekable(self._decompressed)  # type: ignore[arg-type]
+                head = inner.peek(SNIFF)
                 if not head:
-                    raise DoctorInputError(f"{self.label} is an empty {name} file: nothing to diagnose")
+                    why = self._decompressed.truncated or "it holds no data"
+                    raise DoctorInputError(f"{self.label} is an unreadable {name} file: {why}")
                 self._bytes = inner
                 break
         else:
@@ -165,11 +195,12 @@ class LogSource:
         while True:
             try:
                 block = self._bytes.read(BLOCK)
-            except _STREAM_ERRORS as e:
-                what = self.stats.compression or "file"
-                self.stats.truncated = f"the {what} stream ends early or is damaged ({e})"
+            except OSError as e:
+                self.stats.truncated = f"reading stopped early ({e})"
                 return
             if not block:
+                if self._decompressed is not None:
+                    self.stats.truncated = self._decompressed.truncated
                 return
             self.stats.bytes_read += len(block)
             yield block

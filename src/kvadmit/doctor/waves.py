@@ -10,7 +10,8 @@ the shape exactly:
 * the decode log interval I: the step between j's of one wave (every 40 steps by default);
 * the decode steps per wave D: the decode counter behind the log interval runs on across waves, so the
   first j of consecutive waves differ by −D modulo I; and D lies in [largest last j, smallest last j + I)
-  (still running at its last line, finished before the next). Together: one value.
+  (still running at its last line, finished before the next). Together: one value. When the finishing
+  step is itself logged (its line shows the slots already released), D is that step exactly.
 
 A request generates its first token in the prefill and one per decode step, so max_new_tokens = D + 1.
 The estimate is only offered when every wave agrees; the caller checks it against the admission rule.
@@ -38,6 +39,7 @@ class _Wave:
     last_j: int | None = None
     interval: int | None = None
     completed: bool = False
+    exact_end: int | None = None  # the steps of a wave whose last step was itself a logged one
 
 
 @dataclass
@@ -82,6 +84,13 @@ class WaveEstimator:
                 return
             self.broken = "the running count changes within a wave"
             return
+        if used < w.n * w.prompt:
+            # Logged on the step where all finished (their slots already released): that step is
+            # `interval` after the previous line, so the wave's length is known exactly.
+            if w.last_j is not None and w.interval is not None:
+                w.exact_end = w.last_j + w.interval
+            w.completed = True
+            return
         if used % w.n:
             self.broken = "requests hold different numbers of tokens"
             return
@@ -116,8 +125,13 @@ class WaveEstimator:
             return None
         residue = residues.pop()
         lower = max(w.last_j for w in full if w.last_j is not None)
+        # Still running at its last line, and finished before the next line would have been printed
+        # (or exactly on it, when that step's line shows the slots released).
         upper = min(w.last_j + interval for w in full if w.completed and w.last_j is not None)
-        steps = [d for d in range(lower, upper) if d % interval == residue]
-        if len(steps) != 1:
+        exact = {w.exact_end for w in full if w.exact_end is not None}
+        if len(exact) > 1:
+            return None
+        steps = list(exact) if exact else [d for d in range(lower, upper) if d % interval == residue]
+        if len(steps) != 1 or steps[0] < lower or steps[0] % interval != residue:
             return None
         return WaveShape(len(full), n, prompt, steps[0] + 1, interval)
