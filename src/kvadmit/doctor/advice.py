@@ -37,15 +37,13 @@ def oom(last_request: bool, gpu: bool, pool: int | None) -> list[str]:
             "quantized "
             "KV cache, a smaller model) — " + NEVER_MEM_FRACTION[0].lower() + NEVER_MEM_FRACTION[1:],
             "On SGLang older than 0.5.10, upgrade: the same situation then aborts that one request instead "
-            "of "
-            "crashing the server.",
+            "of crashing the server.",
         ]
     if gpu:
         out.append(
-            "For the GPU allocator's own out-of-memory: leave more room for activations (SGLang's guide: 5–8 "
-            "GB, "
-            "see available_gpu_mem in the start-up line) with a lower --mem-fraction-static, a smaller "
-            "--chunked-prefill-size, or a smaller --cuda-graph-max-bs."
+            "For the GPU allocator's own out-of-memory: leave more room for activations (SGLang's guide: "
+            "5–8 GB, see available_gpu_mem in the start-up line) with a lower --mem-fraction-static, a "
+            "smaller --chunked-prefill-size, or a smaller --cuda-graph-max-bs."
         )
     return out
 
@@ -53,8 +51,8 @@ def oom(last_request: bool, gpu: bool, pool: int | None) -> list[str]:
 def storm(running_at_first: int | None) -> list[str]:
     lower = f" (below the {running_at_first:,} running when retraction began)" if running_at_first else ""
     return [
-        "Raise --schedule-conservativeness, e.g. to 1.3: the new-token ratio then starts higher (0.7 × 1.3 = "
-        "0.91) and decays to a higher floor, so running requests hold back more of their remaining "
+        "Raise --schedule-conservativeness, e.g. to 1.3: the new-token ratio then starts higher (0.7 × 1.3 "
+        "= 0.91) and decays to a higher floor, so running requests hold back more of their remaining "
         "max_new_tokens and fewer are admitted than the pool can finish.",
         f"Or lower --max-running-requests{lower}, so that a full batch can finish within the pool.",
         "Set realistic max_new_tokens in clients: the forecast scales every reservation by it.",
@@ -94,18 +92,19 @@ def idle(cause: str, c: Collected) -> list[str]:
     if cause == "blocked":
         return [
             "Look for what blocks the scheduler: a stuck request, a failed worker, an exception before this "
-            "point "
-            "in the log. Report it upstream with the log: a queue beside an empty pool is an accounting bug.",
+            "point in the log. Report it upstream with the log: a queue beside an empty pool is an "
+            "accounting bug.",
         ]
     if cause == "ratio-after-retraction":
         return [
-            "Stop the retractions that push the ratio up (see the retraction finding); the ratio then decays "
-            "back by itself and admission grows bolder again.",
+            "Stop the retractions that push the ratio up (see the retraction finding); the ratio then "
+            "decays back by itself and admission grows bolder again.",
             "Set realistic max_new_tokens in clients: a high ratio times an oversized max_new_tokens "
-            "reserves "
-            "far more than requests use.",
+            "reserves far more than requests use.",
         ]
     if cause == "max-running-requests":
+        if c.engine == {"vllm"}:
+            return ["Raise --max-num-seqs if the KV cache has room: usage stays low at the cap."]
         value = f" (now {cap:,})" if isinstance(cap, int) else ""
         return [
             f"Raise --max-running-requests{value} if the pool has room: usage stays low at the cap.",
@@ -113,8 +112,7 @@ def idle(cause: str, c: Collected) -> list[str]:
         ]
     return [
         "Set realistic max_new_tokens in clients: a client that asks for 4,096 tokens and uses 200 makes "
-        "every "
-        "reservation about 20 times too big.",
+        "every reservation about 20 times too big.",
         "Or lower --schedule-conservativeness (e.g. 0.3), so running requests hold back less of their "
         "remaining max_new_tokens; SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION caps the estimate for new ones.",
         NEVER_MEM_FRACTION,
@@ -124,8 +122,7 @@ def idle(cause: str, c: Collected) -> list[str]:
 def healthy() -> list[str]:
     return [
         "Nothing is broken: the wait is the forecast keeping every running request fast. To serve more at "
-        "once, "
-        "the pool must hold more (more GPUs, a quantized KV cache) or requests must ask for fewer "
+        "once, the pool must hold more (more GPUs, a quantized KV cache) or requests must ask for fewer "
         "max_new_tokens.",
         "Watch #queue-req and time to first token; SGLang's guide calls a #queue-req of 100–2000 healthy.",
     ]

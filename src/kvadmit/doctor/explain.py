@@ -78,10 +78,11 @@ def generic_arithmetic(c: Collected, pool: int | None, pool_note: str) -> list[s
             f"(token usage {usage:.2f}, about {n(used / running)} tokens each){size}."
         )
     lines.append(
-        "The rest is not free for newcomers: each running request holds back its remaining max_new_tokens "
-        "× the new-token ratio (× 1.0 under ignore_eos), and a waiting request is admitted only when its "
+        "The rest is not free for newcomers: each running request holds back its remaining max_new_tokens × "
+        "the new-token ratio (× 1.0 under ignore_eos), and a waiting request is admitted only when its "
         "uncached prompt plus its max_new_tokens (clipped to 4,096) plus one page is strictly less than "
-        "what remains. Requests therefore wait while usage is below 1.0: that is the forecast doing its job."
+        "what remains. Requests therefore wait while usage is below 1.0: that is the forecast doing its "
+        "job."
     )
     return lines
 
@@ -99,4 +100,5 @@ def queue_trend(c: Collected) -> str | None:
         trend = f"The queue held at {top:,}"
     if c.prefill.batches:
         trend += f"; {c.prefill.batches:,} prefill batches admitted {c.prefill.admitted:,} requests"
-    return trend + ": nothing is stuck, requests are admitted as running ones finish."
+        return trend + ": nothing is stuck, requests are admitted as running ones finish."
+    return trend + "."

@@ -100,8 +100,8 @@ def _oom(c: Collected) -> Finding | None:
         lines.extend(advice.LAST_REQUEST_WORDING[r] for r in releases if r in advice.LAST_REQUEST_WORDING)
     if gpu:
         lines.append(
-            "The GPU allocator itself ran out of memory (activations, CUDA graphs, or another process): this "
-            "is not the KV pool's admission, which never hands out more slots than the pool has."
+            "The GPU allocator itself ran out of memory (activations, CUDA graphs, or another process): "
+            "this is not the KV pool's admission, which never hands out more slots than the pool has."
         )
     pool = c.startup.get("max_total_num_tokens")
     title_bits = []
@@ -166,9 +166,9 @@ def _retraction(c: Collected) -> Finding | None:
     lines = []
     if r.duplicate_lines:
         lines.append(
-            f"The log has {r.events + r.duplicate_lines} retraction lines: under tensor parallelism "
-            "every rank prints the same event, so lines with the same time and text from different "
-            f"ranks count once ({', '.join(sorted(r.ranks)[:8])})."
+            f"The log has {r.events + r.duplicate_lines} retraction lines: under tensor parallelism every "
+            "rank prints the same event, so lines with the same time and text from different ranks count "
+            f"once ({', '.join(sorted(r.ranks)[:8])})."
         )
     if r.biggest_jump is not None:
         _, old, new, _ = r.biggest_jump
@@ -181,9 +181,8 @@ def _retraction(c: Collected) -> Finding | None:
         )
         lines.append(
             "Each retraction re-estimates the new-token ratio from the survivors' progress; the largest "
-            "jump "
-            f"was {old:.4f} -> {new:.4f}.{floor} A retraction means the forecast let in more than the pool "
-            "could finish: the retracted requests lose their KV and prefill again later."
+            f"jump was {old:.4f} -> {new:.4f}.{floor} A retraction means the forecast let in more than the "
+            "pool could finish: the retracted requests lose their KV and prefill again later."
         )
     if c.failures.count("health_fail"):
         lines.append(f"Health checks failed {c.failures.count('health_fail')} times in this log as well.")
@@ -323,18 +322,17 @@ def _stall(c: Collected) -> Finding | None:
     ratio = f" (up to {c.retract.max_new_ratio:.4f})" if c.retract.max_new_ratio else ""
     lines = [
         f"After the first retraction #queue-req grew {s.queued_before:,} → {s.last_queued:,} while "
-        "#running-req "
-        f"fell {s.running_before:,} → {s.last_running:,} and {admitted}.",
+        f"#running-req fell {s.running_before:,} → {s.last_running:,} and {admitted}.",
         f"Each retraction reset the ratio higher{ratio}, so every running request holds back a larger share "
-        "of its remaining max_new_tokens and nothing new fits until some finish: the retractions turned into "
-        "an admission stall, and time to first token grows with the queue.",
+        "of its remaining max_new_tokens and nothing new fits until some finish: the retractions turned "
+        "into an admission stall, and time to first token grows with the queue.",
     ]
     return Finding(
         "admission-stall",
         None,
         RANK_NOTE,
-        f"Admission stalled after the retractions: queue {s.queued_before:,} → {s.last_queued:,}, "
-        f"running {s.running_before:,} → {s.last_running:,}",
+        f"Admission stalled after the retractions: queue {s.queued_before:,} → {s.last_queued:,}, running "
+        f"{s.running_before:,} → {s.last_running:,}",
         lines,
         _unique([s.before_quote, c.retract.first, s.last_quote]),
         [],
@@ -363,8 +361,8 @@ def _collapse(c: Collected) -> Finding | None:
     now = sorted(per for per, _ in t.recent)[1]
     lines = [
         f"Generation throughput per running request was {base:.1f} tokens/s before the first retraction and "
-        f"{now:.1f} tokens/s at the end of the log ({base / max(now, 1e-9):.0f}× lower); "
-        f"{t.after_low} of the {t.after} decode lines after it stayed at a third or less.",
+        f"{now:.1f} tokens/s at the end of the log ({base / max(now, 1e-9):.0f}× lower); {t.after_low} of "
+        f"the {t.after} decode lines after it stayed at a third or less.",
         "Per running request, so fewer running requests do not explain it: each request decodes slower. A "
         "retraction should cost one re-prefill, not the rest of the run (a user saw 429 → 20–38 tokens/s "
         "after a retraction, and it stayed there).",
@@ -401,8 +399,8 @@ def _idle(c: Collected) -> Finding | None:
         title_usage = f"token usage {low_usage:.2f} while {max_queue:,} requests wait"
     else:
         title_usage = (
-            f"token usage never above {peak:.2f} in the {q.waiting:,} moments requests waited "
-            f"(up to {max_queue:,} queued)"
+            f"token usage never above {peak:.2f} in the {q.waiting:,} moments requests waited (up to "
+            f"{max_queue:,} queued)"
         )
     cause, lines, extra = _idle_cause(c, stuck)
     evidence = _unique([low_quote, q.first_wait, q.last_wait, *extra])
@@ -442,10 +440,8 @@ def _idle_cause(c: Collected, stuck: bool) -> tuple[str, list[str], list[Quote |
     ):
         lines.append(
             f"It follows retraction: the ratio was pushed up to {c.retract.max_new_ratio:.4f}, so each "
-            "running "
-            "request holds back that share of its whole remaining max_new_tokens; it decays back over 600 "
-            "decode "
-            "steps, and every further retraction pushes it up again."
+            "running request holds back that share of its whole remaining max_new_tokens; it decays back "
+            "over 600 decode steps, and every further retraction pushes it up again."
         )
         return (
             "ratio-after-retraction",
@@ -459,15 +455,13 @@ def _idle_cause(c: Collected, stuck: bool) -> tuple[str, list[str], list[Quote |
         at_cap = f" = --max-running-requests {cap}" if isinstance(cap, int) and value >= cap else ""
         lines.append(
             f"#running-req sits flat at {value:,}{at_cap} in {share:.0%} of the moments requests waited: a "
-            "cap "
-            "on the number of running requests, not the KV pool, holds them back."
+            "cap on the number of running requests, not the KV pool, holds them back."
         )
         return "max-running-requests", lines, []
     lines.append(
         "No retraction pushed the ratio up and #running-req is not flat at a cap, so the likely cause is "
         "oversized max_new_tokens: each running request reserves its remaining max_new_tokens × the ratio, "
-        "and "
-        "requests that stop far earlier leave that space reserved but unused."
+        "and requests that stop far earlier leave that space reserved but unused."
     )
     if q.waiting < 3:
         lines.append(
@@ -525,9 +519,9 @@ def _unrelated(c: Collected) -> Finding | None:
     if f.health_probes:
         lines.append(
             f"The log shows {f.health_probes:,} health probe{'s' if f.health_probes > 1 else ''} (/health or "
-            "/health_generate). In SGLang each "
-            "/health_generate sends a real 1-token generation through the scheduler; frequent probing during "
-            "long idle periods preceded a crash in a public report (sgl-project/sglang#3695)."
+            "/health_generate). In SGLang each /health_generate sends a real 1-token generation through the "
+            "scheduler; frequent probing during long idle periods preceded a crash in a public report "
+            "(sgl-project/sglang#3695)."
         )
     evidence = _unique(
         [

@@ -94,8 +94,8 @@ def _counter_finding(scrapes: list[prom.Scrape]) -> Finding | None:
         pm = rate.per_minute or 0.0
         evidence = [*first.quotes((name,)), *last.quotes((name,))]
         text = (
-            f"{name} rose by {increase:g} in {duration(seconds)} between scrapes: "
-            f"{per_minute(pm)} {what}s per minute"
+            f"{name} rose by {increase:g} in {duration(seconds)} between scrapes: {per_minute(pm)} {what}s "
+            "per minute"
         )
         if increase == 0:
             return Finding(
@@ -111,8 +111,7 @@ def _counter_finding(scrapes: list[prom.Scrape]) -> Finding | None:
                 evidence,
                 [
                     "Raise --schedule-conservativeness (e.g. 1.3) or lower --max-running-requests; never a "
-                    "larger "
-                    "--mem-fraction-static alone."
+                    "larger --mem-fraction-static alone."
                 ],
                 {"increase": increase, "seconds": seconds},
             )
@@ -151,13 +150,13 @@ def _pitfall(scrapes: list[prom.Scrape]) -> Finding | None:
             v = having[-1].value(prom.RETRACTED_COUNTER)
             lines.append(
                 f"{prom.RETRACTED_COUNTER} = {v:g} since the server started; scrape it twice (--metrics A "
-                "--metrics B, or --watch URL --for SECONDS) for the rate that tells occasional from a storm."
+                "--metrics B, or --watch URL --for SECONDS) for the rate that tells occasional from a "
+                "storm."
             )
     elif not gauge:
         lines.append(
             "This /metrics output has no retraction metrics at all (older releases, e.g. 0.5.1, export "
-            "none): "
-            "it cannot show retraction; read the server log's 'Retract requests' lines instead."
+            "none): it cannot show retraction; read the server log's 'Retract requests' lines instead."
         )
     queue_known = any(s.value(prom.QUEUED) is not None for s in sglang)
     if not queue_known:
@@ -177,8 +176,8 @@ def _pitfall(scrapes: list[prom.Scrape]) -> Finding | None:
         lines,
         evidence,
         [
-            "Alert on rate(sglang:num_retracted_requests_total[5m]) * 60 > 1 (retractions per minute), "
-            "not on the gauge."
+            "Alert on rate(sglang:num_retracted_requests_total[5m]) * 60 > 1 (retractions per minute), not "
+            "on the gauge."
         ],
     )
 
