@@ -84,6 +84,7 @@ class Collector:
         self._wave_stream: str | None = None
         self._day = 0.0
         self._last_raw_t: float | None = None
+        self._last_x: float | None = None
 
     def add_unknown(self, lineno: int, text: str) -> None:
         c = self.c
@@ -100,29 +101,33 @@ class Collector:
         c.lines += 1
         c.recognised += 1
         kind = rec.kind
-        c.kinds[kind] = c.kinds.get(kind, 0) + 1
-        t = self._time(rec)
-        if rec.rank and len(c.ranks) < 256:
-            c.ranks.add(rec.rank)
-        if kind == parse.METRIC:
+        kinds = c.kinds
+        kinds[kind] = kinds.get(kind, 0) + 1
+        raw = rec.t
+        t = None if raw is None else (self._last_x if raw == self._last_raw_t else self._time(rec))
+        rank = rec.rank
+        if kind is parse.METRIC:
             if len(c.metric_lines) < MAX_METRIC_LINES:
                 c.metric_lines.append(rec.body)
                 c.metric_line_numbers.append(lineno)
             return
-        if kind in (parse.HTTP, parse.TRACEBACK, parse.PROGRESS):
+        if kind is parse.HTTP or kind is parse.TRACEBACK or kind is parse.PROGRESS:
             self._other(kind, rec, t, lineno, text)
             return
-        if kind == parse.RETRACT and rec.rank and len(c.retract.ranks) < 64:
-            c.retract.ranks.add(rec.rank)
-        if self._duplicate(rec):
-            c.duplicate_rank_lines += 1
-            if kind == parse.RETRACT:
-                c.retract.duplicate_lines += 1
-            return
+        if rank:
+            if len(c.ranks) < 256:
+                c.ranks.add(rank)
+            if kind is parse.RETRACT and len(c.retract.ranks) < 64:
+                c.retract.ranks.add(rank)
+            if self._duplicate(rec):
+                c.duplicate_rank_lines += 1
+                if kind is parse.RETRACT:
+                    c.retract.duplicate_lines += 1
+                return
         q = Quote(lineno, text)
-        if kind in (parse.PREFILL, parse.DECODE, parse.VLLM_STATUS):
+        if kind is parse.DECODE or kind is parse.PREFILL or kind is parse.VLLM_STATUS:
             self._sample(kind, rec, t, q)
-        elif kind == parse.RETRACT:
+        elif kind is parse.RETRACT:
             c.engine.add("sglang")
             c.retract.add(rec.fields, t, q)
             if not rec.fields.get("forced"):
@@ -132,12 +137,12 @@ class Collector:
                 label = f"{old:.4f} -> {new:.4f}" if isinstance(old, float) and isinstance(new, float) else ""
                 n = rec.fields.get("num_retracted")
                 c.timeline.mark(Marker(t, lineno, "retract", n if isinstance(n, int) else 1, label))
-        elif kind == parse.STARTUP:
+        elif kind is parse.STARTUP:
             c.engine.add("sglang")
             if not c.startup:
                 c.startup = dict(rec.fields)
                 c.startup_quote = q
-        elif kind == parse.VLLM_PREEMPT:
+        elif kind is parse.VLLM_PREEMPT:
             c.engine.add("vllm")
             c.vllm.add(rec.fields, t, q)
             c.timeline.mark(Marker(t, lineno, "retract", 1, "preempted"))
@@ -147,6 +152,7 @@ class Collector:
     # -- helpers -------------------------------------------------------------------------------------
 
     def _time(self, rec: Parsed) -> float | None:
+        """Seconds since the log's first timestamp (the caller reuses the last answer for the same stamp)."""
         c = self.c
         raw = rec.t
         if raw is None:
@@ -160,11 +166,11 @@ class Collector:
         if c.t_first is None:
             c.t_first = raw
         c.t_last = raw if c.t_last is None else max(c.t_last, raw)
-        return raw - c.t_first
+        self._last_x = raw - c.t_first
+        return self._last_x
 
     def _duplicate(self, rec: Parsed) -> bool:
-        if not rec.rank:
-            return False  # one printer: every line is an event
+        """Whether another rank already printed this event (only asked for lines with rank tags)."""
         if rec.ts != self._dedupe_ts or len(self._seen) > 4096:
             self._seen.clear()
             self._dedupe_ts = rec.ts

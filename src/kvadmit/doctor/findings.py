@@ -198,6 +198,7 @@ def _retraction(c: Collected) -> Finding | None:
     }
     evidence = _unique(
         [
+            c.stall.before_quote,  # how full the pool was just before the first one
             r.first,
             r.biggest_jump[3] if r.biggest_jump else None,
             r.last,

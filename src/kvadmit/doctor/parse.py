@@ -92,6 +92,10 @@ class LineParser:
             return None
         if start > 0:
             prefix = text[:start]
+            if prefix[0] == "[":  # SGLang's "[date time rank] ": the rest (an access line's client) varies
+                close = prefix.find("]")
+                if close > 0:
+                    prefix = prefix[: close + 1]
             if prefix == self._last_prefix:  # consecutive lines often share their prefix exactly
                 rec.ts, rec.t, rec.rank, rec.scheduler = self._last
             else:
@@ -109,16 +113,16 @@ class LineParser:
             # The current releases' exact lines: one regex, fields converted where they are used.
             start = text.find("Decode batch, ")
             if start >= 0:
-                raw = loglines.DECODE.match_raw(text, start)
-                if raw is not None:
-                    return Parsed(DECODE, text[start:], loglines.DECODE.typed(raw, _DECODE_FIELDS)), start
+                fields = loglines.DECODE.read_at(text, start, _DECODE_FIELDS)
+                if fields is not None:
+                    return Parsed(DECODE, text[start:], fields), start
             start = text.find("Prefill batch, ")
             if start >= 0:
-                raw = loglines.PREFILL.match_raw(text, start) or loglines.PREFILL_CLASSIC.match_raw(
-                    text, start
-                )
-                if raw is not None:
-                    return Parsed(PREFILL, text[start:], loglines.PREFILL.typed(raw, _PREFILL_FIELDS)), start
+                fields = loglines.PREFILL.read_at(text, start, _PREFILL_FIELDS)
+                if fields is None:
+                    fields = loglines.PREFILL_CLASSIC.read_at(text, start, _PREFILL_FIELDS)
+                if fields is not None:
+                    return Parsed(PREFILL, text[start:], fields), start
             m = _BATCH.search(text)
             if m is not None:
                 kind = PREFILL if m.group(1) == "Prefill" else DECODE

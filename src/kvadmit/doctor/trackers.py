@@ -287,11 +287,11 @@ class StallTracker:
     admitted_after: int = 0
     prefills_after: int = 0
     samples_after: int = 0
+    _last_before: tuple[Sample, Quote] | None = None
 
     def sample(self, s: Sample, q: Quote) -> None:
         if not self.started:
-            if s.running is not None and s.queued is not None:
-                self.running_before, self.queued_before, self.before_quote = s.running, s.queued, q
+            self._last_before = (s, q)
             return
         if s.kind == "prefill":
             self.prefills_after += 1
@@ -301,6 +301,10 @@ class StallTracker:
             self.last_running, self.last_queued, self.last_quote = s.running, s.queued, q
 
     def retracted(self) -> None:
+        if not self.started and self._last_before is not None:
+            s, q = self._last_before
+            if s.running is not None and s.queued is not None:
+                self.running_before, self.queued_before, self.before_quote = s.running, s.queued, q
         self.started = True
 
 

@@ -48,17 +48,17 @@ class LineFormat:
             out[name] = (raw == "True") if typ is bool else typ(raw)
         return out
 
-    def match_raw(self, text: str, pos: int = 0) -> dict[str, str] | None:
-        """The fields as text, for a line whose message starts at `pos` exactly: the fast path of a big
-        log, where the reader converts only the fields it uses (`convert` gives each field's type)."""
+    def read_at(self, text: str, pos: int, names: tuple[str, ...]) -> dict[str, object] | None:
+        """The named fields (no bool ones) of a line whose message starts exactly at `pos`, typed; None if
+        the line is not in this format. The fast path of a big log: one regex, only the fields asked for
+        converted."""
         m = self.regex.match(text, pos)
-        return None if m is None else m.groupdict()
-
-    def typed(self, raw: dict[str, str], names: tuple[str, ...]) -> dict[str, object]:
-        """The named fields of `match_raw`'s answer, converted to their types (no bool fields)."""
+        if m is None:
+            return None
         types = _TYPES.get(self.template)
         if types is None:
-            types = _TYPES[self.template] = {n: self._type(n) for n in _compile(self).groupindex}
+            types = _TYPES[self.template] = {n: self._type(n) for n in self.regex.groupindex}
+        raw = m.groupdict()
         return {n: types[n](raw[n]) for n in names if n in raw}
 
     def _type(self, name: str) -> type:
