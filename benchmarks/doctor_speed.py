@@ -52,15 +52,27 @@ def write_log(path: str, n: int, seed: int = 7) -> int:
             running, queued = 40 + i % 30, (i // 50) % 60
             if r < 0.55:
                 line = loglines.DECODE.render(
-                    running_req=running, num_used_tokens=70_000 + i % 17_000, token_usage=0.8 + (i % 20) / 100,
-                    graph_label="cuda graph", graph=True, gen_throughput=1500 + i % 1000, queue_req=queued,
-                )  # fmt: skip
+                    running_req=running,
+                    num_used_tokens=70_000 + i % 17_000,
+                    token_usage=0.8 + (i % 20) / 100,
+                    graph_label="cuda graph",
+                    graph=True,
+                    gen_throughput=1500 + i % 1000,
+                    queue_req=queued,
+                )
             elif r < 0.70:
                 line = loglines.PREFILL.render(
-                    new_seq=1 + i % 4, new_token=351 * (1 + i % 4), cached_token=36, token_usage=0.85,
-                    running_req=running, queue_req=queued, pending_token=350 * queued, graph_label="cuda graph",
-                    graph=True, input_throughput=2000.0 + i % 500,
-                )  # fmt: skip
+                    new_seq=1 + i % 4,
+                    new_token=351 * (1 + i % 4),
+                    cached_token=36,
+                    token_usage=0.85,
+                    running_req=running,
+                    queue_req=queued,
+                    pending_token=350 * queued,
+                    graph_label="cuda graph",
+                    graph=True,
+                    input_throughput=2000.0 + i % 500,
+                )
             elif r < 0.95:
                 line = f'INFO:     127.0.0.1:{40000 + i % 20000} - "POST /generate HTTP/1.1" 200 OK'
             elif r < 0.955:
@@ -77,7 +89,9 @@ def write_log(path: str, n: int, seed: int = 7) -> int:
 
 def child(path: str) -> dict[str, object]:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    out = subprocess.run([sys.executable, "-c", _CHILD, path], capture_output=True, text=True, env=env, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", _CHILD, path], capture_output=True, text=True, env=env, check=True
+    )
     return json.loads(out.stdout)  # type: ignore[no-any-return]
 
 
@@ -105,7 +119,7 @@ def main() -> None:
         "log: Decode 55%, Prefill 15%, HTTP 25%, retraction 0.5%, unknown 4.5%; 7 lines a second",
         f"peak memory of a process that only imports the doctor: {base_mb:.1f} MiB",
         "",
-        "| lines | MB | wall s | CPU s | lines/s (wall) | peak memory MiB | above the import baseline MiB | verdict |",
+        "| lines | MB | wall s | CPU s | lines/s (wall) | peak MiB | above import baseline MiB | verdict |",
         "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     for n, size, r in rows:
