@@ -5,6 +5,7 @@ fragments each test expects in the evidence are the ones that README's "Why" col
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -114,3 +115,19 @@ def test_the_docs_reference_queue_has_the_pool_from_its_startup_line() -> None:
     d = run("22-sglang-docs-hyperparameter-reference-lines.log")
     assert d.lead.numbers["pool"] == 665690
     assert any(f.verdict == "retraction-occasional" for f in d.findings[1:])
+
+
+def test_the_json_timeline_has_the_retractions_with_their_ratios(capsys: pytest.CaptureFixture[str]) -> None:
+    from kvadmit.cli import main
+
+    assert main(["doctor", str(LOGS / "04-sglang-q2-qwen3-4b-retraction-burst.log"), "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["verdict"] == "retraction-storm" and d["summary"] == d["findings"][0]["title"]
+    markers = d["timeline"]["markers"]
+    assert [m["label"] for m in markers][:2] == ["0.0980 -> 0.3487", "0.3397 -> 0.3530"]
+    assert len(markers) == 16 and all(m["kind"] == "retract" for m in markers)
+    points = d["timeline"]["series"]["scheduler"]
+    assert d["timeline"]["x_unit"] == "s"
+    assert (points[0]["running"], points[0]["queued"], points[0]["tokens"]) == (67, 9, 81316)
+    assert points[-1]["queued"] == 58
+    assert d["inputs"][0]["unknown"] == 0 and d["inputs"][0]["lines"] == 71

@@ -187,8 +187,8 @@ class Collector:
 
     def _sample(self, kind: str, rec: Parsed, t: float | None, q: Quote) -> None:
         c = self.c
-        f = rec.fields
-        if kind == parse.VLLM_STATUS:
+        if kind is parse.VLLM_STATUS:
+            f = rec.fields
             c.engine.add("vllm")
             pct = f.get("gpu_usage_pct")
             s = Sample(
@@ -210,25 +210,21 @@ class Collector:
                 c.vllm.elapsed(t, elapsed)
         else:
             c.engine.add("sglang")
-            # The field types come from the format definitions (ints and floats), so no checks here.
-            get = f.get
-            usage = get("token_usage")
-            if usage is None:  # hybrid models: the fuller of the two pools decides
-                full, swa = get("full_token_usage"), get("swa_token_usage")
-                usage = max(full, swa) if full is not None and swa is not None else (full or swa)  # type: ignore[type-var]
+            running, queued, usage, used, tput, new_seq, new_token, cached = rec.values  # type: ignore[misc]
+            # Types as the format definitions give them (ints, floats or None).
             s = Sample(
                 q.line,
                 t,
                 kind,
                 rec.scheduler,
-                get("running_req"),
-                get("queue_req"),
-                usage,  # type: ignore[arg-type]
-                get("num_used_tokens"),
-                get("gen_throughput"),
-                get("new_seq"),
-                get("new_token"),  # type: ignore[arg-type]
-                get("cached_token"),
+                running,
+                queued,
+                usage,
+                used,
+                tput,
+                new_seq,
+                new_token,
+                cached,
                 q.text,
             )  # type: ignore[arg-type]
         if rec.scheduler and len(c.schedulers) < 256:
@@ -251,7 +247,8 @@ class Collector:
             elif s.kind == "decode":
                 c.waves.decode(s.running, s.used)
         running = s.running if s.kind != "prefill" or s.running is None else s.running + (s.new_seq or 0)
-        c.timeline.add(s.stream, s.t, s.line, s.usage, running, s.queued, s.throughput)
+        admitted = (s.new_seq or 0) if s.kind == "prefill" else None
+        c.timeline.add(s.stream, s.t, s.line, s.usage, running, s.queued, s.throughput, s.used, admitted)
 
     def _failure(self, kind: str, rec: Parsed, t: float | None, q: Quote) -> None:
         c = self.c

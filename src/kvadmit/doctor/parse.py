@@ -51,9 +51,21 @@ _ABORT_RID = re.compile(r"Abort request (\S+)")
 
 _RETRACT_HEADS = tuple(dict.fromkeys(f.head for f in loglines.RETRACT_FORMATS))
 _BATCH_READER = loglines.FieldReader(loglines.BATCH_FORMATS)
-# The fields the doctor reads from the exact lines (the rest stay unconverted).
-_DECODE_FIELDS = ("running_req", "num_used_tokens", "token_usage", "gen_throughput", "queue_req")
-_PREFILL_FIELDS = ("new_seq", "new_token", "cached_token", "token_usage", "running_req", "queue_req")
+# What the doctor reads from a batch line, in this order (`Parsed.values`); None where a line lacks it.
+BATCH_VALUES = (
+    "running_req",
+    "queue_req",
+    "token_usage",
+    "num_used_tokens",
+    "gen_throughput",
+    "new_seq",
+    "new_token",
+    "cached_token",
+)
+_DECODE_VALUES = BATCH_VALUES[:5]
+_PREFILL_VALUES = BATCH_VALUES[:3] + BATCH_VALUES[5:]
+_NO_PREFILL = (None, None, None)
+_NO_DECODE = (None, None)
 _RETRACT_READER = loglines.FieldReader(loglines.RETRACT_FORMATS)
 _STARTUP_READER = loglines.FieldReader(loglines.STARTUP_FORMATS, sep="=")
 _STARTUP_HEAD = "max_total_num_tokens="
@@ -65,16 +77,25 @@ class Parsed:
     timestamp text, `rank` the rank tags ("TP0", "DP3 TP3 EP3"), `scheduler` the DP rank ("" when
     there is one scheduler), `body` the message from its head on."""
 
-    __slots__ = ("body", "fields", "kind", "rank", "scheduler", "t", "ts")
+    __slots__ = ("_fields", "body", "kind", "rank", "scheduler", "t", "ts", "values")
 
-    def __init__(self, kind: str, body: str, fields: dict[str, object]) -> None:
+    def __init__(
+        self, kind: str, body: str, fields: dict[str, object] | None, values: tuple[object, ...] | None = None
+    ) -> None:
         self.kind = kind
         self.body = body
-        self.fields = fields
+        self._fields = fields
+        self.values = values  # batch lines: BATCH_VALUES in order
         self.t: float | None = None
         self.ts = ""
         self.rank = ""
         self.scheduler = ""
+
+    @property
+    def fields(self) -> dict[str, object]:
+        if self._fields is None:
+            self._fields = dict(zip(BATCH_VALUES, self.values or (), strict=False))
+        return self._fields
 
 
 class LineParser:
@@ -113,21 +134,27 @@ class LineParser:
             # The current releases' exact lines: one regex, fields converted where they are used.
             start = text.find("Decode batch, ")
             if start >= 0:
-                fields = loglines.DECODE.read_at(text, start, _DECODE_FIELDS)
-                if fields is not None:
-                    return Parsed(DECODE, text[start:], fields), start
+                got = loglines.DECODE.values_at(text, start, _DECODE_VALUES)
+                if got is not None:
+                    return Parsed(DECODE, text[start:], None, got + _NO_PREFILL), start
             start = text.find("Prefill batch, ")
             if start >= 0:
-                fields = loglines.PREFILL.read_at(text, start, _PREFILL_FIELDS)
-                if fields is None:
-                    fields = loglines.PREFILL_CLASSIC.read_at(text, start, _PREFILL_FIELDS)
-                if fields is not None:
-                    return Parsed(PREFILL, text[start:], fields), start
+                got = loglines.PREFILL.values_at(text, start, _PREFILL_VALUES)
+                if got is None:
+                    got = loglines.PREFILL_CLASSIC.values_at(text, start, _PREFILL_VALUES)
+                if got is not None:
+                    return Parsed(PREFILL, text[start:], None, got[:3] + _NO_DECODE + got[3:]), start
             m = _BATCH.search(text)
             if m is not None:
                 kind = PREFILL if m.group(1) == "Prefill" else DECODE
                 fields, _ = _BATCH_READER.read(text[m.end() :])
-                return Parsed(kind, text[m.start() :], fields), m.start()
+                if "token_usage" not in fields:  # hybrid models: the fuller of the two pools decides
+                    pools = [fields.get("full_token_usage"), fields.get("swa_token_usage")]
+                    known = [u for u in pools if isinstance(u, float)]
+                    if known:
+                        fields["token_usage"] = max(known)
+                values = tuple(fields.get(n) for n in BATCH_VALUES)
+                return Parsed(kind, text[m.start() :], fields, values), m.start()
         if " HTTP/" in text:
             m = _HTTP.search(text)
             if m is not None:

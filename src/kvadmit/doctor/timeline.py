@@ -22,6 +22,9 @@ class Point:
     running: int | None
     queued: int | None
     throughput: float | None  # generation tokens/s
+    tokens: int | None = None  # #token: KV slots in use
+    prefills: int = 0  # prefill batches among the merged samples
+    admitted: int = 0  # requests those prefill batches admitted
     weight: int = 1  # how many samples were merged into this point
 
     def merge(self, other: Point) -> Point:
@@ -33,6 +36,9 @@ class Point:
             _max(self.running, other.running),
             _max(self.queued, other.queued),
             tput,
+            _max(self.tokens, other.tokens),
+            self.prefills + other.prefills,
+            self.admitted + other.admitted,
             self.weight + other.weight,
         )
 
@@ -86,12 +92,22 @@ class Series:
         running: int | None,
         queued: int | None,
         throughput: float | None,
+        tokens: int | None = None,
+        admitted: int | None = None,
     ) -> None:
+        """One sample; `admitted` is set for a prefill batch (the requests it admitted)."""
         self.samples += 1
         p = self._pending
         if p is None:
-            self._pending = Point(t, line, usage, running, queued, throughput)
+            self._pending = p = Point(t, line, usage, running, queued, throughput, tokens)
+            if admitted is not None:
+                p.prefills, p.admitted = 1, admitted
         else:
+            if tokens is not None and (p.tokens is None or tokens > p.tokens):
+                p.tokens = tokens
+            if admitted is not None:
+                p.prefills += 1
+                p.admitted += admitted
             if usage is not None and (p.usage is None or usage > p.usage):
                 p.usage = usage
             if running is not None and (p.running is None or running > p.running):
@@ -141,6 +157,8 @@ class Timeline:
         running: int | None,
         queued: int | None,
         throughput: float | None,
+        tokens: int | None = None,
+        admitted: int | None = None,
     ) -> None:
         s = self.series.get(stream)
         if s is None:
@@ -148,7 +166,7 @@ class Timeline:
                 self.dropped_streams += 1
                 return
             s = self.series[stream] = Series(stream or "scheduler")
-        s.add(t, line, usage, running, queued, throughput)
+        s.add(t, line, usage, running, queued, throughput, tokens, admitted)
 
     def mark(self, m: Marker) -> None:
         self.markers.append(m)
@@ -184,18 +202,22 @@ class Timeline:
         return {
             "x_unit": "s" if self.timed else "line",
             "series": {
-                name: [
+                s.name: [
                     {
                         "t": _r(p.t),
                         "line": p.line,
                         "usage": p.usage,
                         "running": p.running,
                         "queued": p.queued,
+                        "tokens": p.tokens,
                         "gen_throughput": p.throughput,
+                        "prefill_batches": p.prefills,
+                        "admitted": p.admitted,
+                        "samples": p.weight,
                     }
                     for p in s.all_points()
                 ]
-                for name, s in self.series.items()
+                for s in self.series.values()
             },
             "markers": [
                 {"t": _r(m.t), "line": m.line, "kind": m.kind, "count": m.count, "label": m.label}
