@@ -136,3 +136,36 @@ def test_a_single_rare_retraction_in_a_long_log_is_occasional(tmp_path: Path) ->
     d = run(tmp_path, lines)
     assert d.verdict == "retraction-occasional"
     assert d.lead.numbers["per_minute"] < 0.01
+
+
+def test_many_retractions_among_few_decode_lines_without_timestamps_is_a_storm(tmp_path: Path) -> None:
+    # No time stamps, but a decode line every 40 decode steps: 6 retractions among 12 decode lines is one
+    # per 80 steps, far more than one a minute at any realistic step time.
+    body = loglines.RETRACT_NO_GAINED.render(num_retracted=1, old_ratio=0.2, new_ratio=0.5)
+    dec = loglines.DECODE_V04.render(
+        running_req=50, num_used_tokens=9000, token_usage=0.99, gen_throughput=900.0, queue_req=30
+    )
+    d = run(tmp_path, [dec, dec, body] * 6)
+    assert d.verdict == "retraction-storm" and d.lead.numbers["span_s"] is None
+
+
+def test_a_chunked_prefill_at_its_budget_is_named(tmp_path: Path) -> None:
+    start = (
+        "[2025-06-01 09:00:00] max_total_num_tokens=900000, chunked_prefill_size=8192, "
+        "max_prefill_tokens=16384, max_running_requests=4096, context_len=131072, available_gpu_mem=9.00 GB"
+    )
+    prefill = "[2025-06-01 09:00:01] " + loglines.PREFILL.render(
+        new_seq=1,
+        new_token=8192,
+        cached_token=0,
+        token_usage=0.2,
+        running_req=3,
+        queue_req=40,
+        pending_token=9,
+        graph_label="cuda graph",
+        graph=False,
+        input_throughput=8000.0,
+    )
+    d = run(tmp_path, [start, prefill])
+    assert d.verdict == "idle-pool-with-queue"
+    assert any("--chunked-prefill-size (8,192)" in line for line in d.lead.explanation)

@@ -324,6 +324,9 @@ def test_the_same_event_printed_by_every_rank_counts_once() -> None:
     # Without rank tags nothing is merged: the same scheduler retracted twice in one second.
     plain = _collect([f"[2025-01-06 02:58:44] {body}"] * 2)
     assert plain.c.retract.events == 2
+    # Data-parallel ranks are schedulers of their own: the same text from two of them is two events.
+    dp = _collect([f"[2025-01-06 02:58:44 DP{r} TP{r}] {body}" for r in (0, 1)])
+    assert dp.c.retract.events == 2
     # A second later it is a new event.
     later = _collect([ranks[0], ranks[1], ranks[0].replace("02:58:44", "02:58:45")])
     assert later.c.retract.events == 2

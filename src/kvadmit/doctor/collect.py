@@ -3,7 +3,8 @@
 Rank de-duplication: under tensor parallelism every rank prints the same event (`[… TP0] Decode out of
 memory happened …`, then TP5, TP7 …). Lines with the same timestamp and the same message count once per
 rank: the event count for a (timestamp, message) is the most any single rank printed it, so one rank
-printing a line twice still counts twice, and eight ranks printing it once count once.
+printing a line twice still counts twice, and eight ranks printing it once count once. Data-parallel
+ranks (DP3, …) run schedulers of their own, so their lines are never merged with each other's.
 """
 
 from __future__ import annotations
@@ -174,9 +175,11 @@ class Collector:
         if rec.ts != self._dedupe_ts or len(self._seen) > 4096:
             self._seen.clear()
             self._dedupe_ts = rec.ts
-        counts = self._seen.get(rec.body)
+        # Data-parallel ranks are separate schedulers: only ranks of one scheduler repeat its events.
+        key = rec.scheduler + "\0" + rec.body
+        counts = self._seen.get(key)
         if counts is None:
-            self._seen[rec.body] = {rec.rank: 1, "\0max": 1}
+            self._seen[key] = {rec.rank: 1, "\0max": 1}
             return False
         mine = counts.get(rec.rank, 0) + 1
         counts[rec.rank] = mine

@@ -149,6 +149,17 @@ def _retraction_rate(c: Collected) -> Rate:
     return Rate(c.retract.events, c.span_s if c.retract.first_t is not None else None)
 
 
+DENSE_DECODE_LINES = 20  # one retraction per this many decode lines or fewer: ≥ 1/min at < 75 ms per step
+
+
+def _dense_without_time(c: Collected) -> bool:
+    """Without timestamps: retractions among decode lines, each printed every 40 decode steps (about a
+    second at typical step times). One per 20 decode lines is more than one a minute for any step under
+    75 ms."""
+    decodes = c.kinds.get("decode", 0)
+    return c.retract.events >= 5 and decodes > 0 and c.retract.events * DENSE_DECODE_LINES >= decodes
+
+
 def _retraction(c: Collected) -> Finding | None:
     r = c.retract
     if r.events == 0:
@@ -164,6 +175,14 @@ def _retraction(c: Collected) -> Finding | None:
     storm = rate.is_storm(r.peak_per_minute)
     where = _rate_words(rate, "retraction", r.peak_per_minute, " of log")
     lines = []
+    if rate.seconds is None and _dense_without_time(c):
+        storm = True
+        where += f", but among only {c.kinds.get('decode', 0):,} decode lines"
+        lines.append(
+            "A decode line is printed every 40 decode steps (--decode-log-interval), about a second at "
+            f"typical step times; {r.events:,} retractions among {c.kinds.get('decode', 0):,} of them is at "
+            "least one per 800 decode steps, more than once a minute unless a step takes over 75 ms."
+        )
     if r.duplicate_lines:
         lines.append(
             f"The log has {r.events + r.duplicate_lines} retraction lines: under tensor parallelism every "
@@ -475,19 +494,36 @@ def _idle_cause(c: Collected, stuck: bool) -> tuple[str, list[str], list[Quote |
     return "max-new-tokens", lines, []
 
 
+# Chunked-prefill sizes SGLang picks by GPU memory when --chunked-prefill-size is not given (§6).
+_DEFAULT_CHUNKS = (2048, 4096, 8192, 16384)
+
+
 def _prefill_budget_note(c: Collected) -> tuple[str, Quote] | None:
+    """A prefill batch exactly at an input budget: the queue is admitted at most that many tokens a pass."""
     top = c.prefill.max_new_token
     if top is None:
         return None
-    limit = c.startup.get("max_prefill_tokens", 16384)
-    if not isinstance(limit, int) or top[0] < limit:
-        return None
-    source = "--max-prefill-tokens" + ("" if "max_prefill_tokens" in c.startup else " (default)")
-    return (
-        f"A prefill batch took {top[0]:,} new tokens, exactly {source} {limit:,}: each prefill pass is also "
-        "capped by that input budget, which limits how fast the queue can be admitted.",
-        top[1],
-    )
+    tokens, q = top
+    budgets: list[tuple[int, str]] = []
+    for key, flag in (
+        ("max_prefill_tokens", "--max-prefill-tokens"),
+        ("chunked_prefill_size", "--chunked-prefill-size"),
+    ):
+        value = c.startup.get(key)
+        if isinstance(value, int) and value > 0:
+            budgets.append((value, flag))
+    if not c.startup:
+        budgets += [(16384, "the default --max-prefill-tokens")]
+        budgets += [(size, "a default --chunked-prefill-size") for size in _DEFAULT_CHUNKS]
+    for value, flag in budgets:
+        if tokens == value:
+            return (
+                f"A prefill batch took {tokens:,} new tokens, exactly {flag} ({value:,}): each prefill pass "
+                "is capped by that input budget (a long prompt is prefilled in chunks of it), which limits "
+                "how fast the queue can be admitted.",
+                q,
+            )
+    return None
 
 
 # -- failures unrelated to the pool ----------------------------------------------------------------------
