@@ -112,6 +112,10 @@ class LineParser:
         if rec is None:
             return None
         if start > 0:
+            last = self._last_prefix
+            if last and text.startswith(last) and start >= len(last):  # the same stamp as the line before
+                rec.ts, rec.t, rec.rank, rec.scheduler = self._last
+                return rec
             prefix = text[:start]
             if prefix[0] == "[":  # SGLang's "[date time rank] ": the rest (an access line's client) varies
                 close = prefix.find("]")

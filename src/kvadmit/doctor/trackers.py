@@ -37,6 +37,17 @@ def quote(line: int, text: str) -> Quote:
     return Quote(line, text)
 
 
+def unique(quotes: list[Quote | None]) -> list[Quote]:
+    """The quotes given, once each, in line order (None for evidence that is not there)."""
+    seen: set[tuple[str, int]] = set()
+    out = []
+    for q in quotes:
+        if q is not None and (q.source, q.line) not in seen:
+            seen.add((q.source, q.line))
+            out.append(q)
+    return sorted(out, key=lambda q: (q.source, q.line))
+
+
 @dataclass(slots=True)
 class Sample:
     line: int
@@ -52,12 +63,6 @@ class Sample:
     new_token: int | None = None
     cached: int | None = None
     text: str = ""
-
-
-def waiting(s: Sample) -> bool:
-    if s.queued is None or s.queued <= 0:
-        return False
-    return s.queued >= WAITING_SHARE_OF_RUNNING * (s.running or 0)
 
 
 @dataclass
@@ -116,7 +121,7 @@ class QueueStats:
         if top_q is None or queued > top_q[0]:
             self.max_queue = (queued, q)
         if queued <= 0 or queued < WAITING_SHARE_OF_RUNNING * (s.running or 0):
-            return
+            return  # nobody waits, or a queue of one or two beside a big batch: arrivals between passes
         self._waiting(s, q, usage, after_retraction)
 
     def _waiting(self, s: Sample, q: Quote, usage: float | None, after_retraction: bool) -> None:
