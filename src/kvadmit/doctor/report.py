@@ -40,30 +40,29 @@ def _finding(f: Finding, lead: bool) -> list[str]:
 
 
 def render_text(d: Diagnosis) -> str:
-    out: list[str] = []
-    for inp in d.inputs:
-        span = f", {duration(inp.span_s)} of log" if inp.span_s else ""
-        if inp.kind == "log":
-            out.append(
-                f"kvadmit doctor: {inp.source}: {inp.lines:,} lines, {inp.recognised:,} recognised, "
-                f"{inp.unknown:,} not recognised{span}"
-            )
-        else:
-            out.append(f"kvadmit doctor: {inp.source}: {inp.kind}, {inp.lines:,} samples")
-        for note in inp.notes:
-            out.append(f"  note: {note}")
-    out.append("")
-    out += _finding(d.lead, lead=True)
+    """The verdict and its evidence first; then the other findings; then what was read."""
+    out: list[str] = _finding(d.lead, lead=True)
     rest = d.findings[1:]
     if rest:
         out.append("")
         out.append("Also:")
         for f in rest:
             out += _finding(f, lead=False)
+    out.append("")
+    for inp in d.inputs:
+        span = f", {duration(inp.span_s)} of log" if inp.span_s else ""
+        if inp.kind == "log":
+            out.append(
+                f"Read {inp.source}: {inp.lines:,} lines, {inp.recognised:,} recognised, "
+                f"{inp.unknown:,} not recognised{span}"
+            )
+        else:
+            out.append(f"Read {inp.source}: {inp.kind}, {inp.lines:,} samples")
+        for note in inp.notes:
+            out.append(f"  note: {note}")
     unknown = [q for inp in d.inputs for q in inp.unknown_examples]
     if unknown:
         total = sum(inp.unknown for inp in d.inputs)
-        out.append("")
         out.append(f"Lines not recognised: {total:,} (counted, not used). First:")
         for q in unknown[:3]:
             text = q.text if len(q.text) <= 160 else q.text[:160] + " …"
