@@ -13,6 +13,7 @@ templates below, so a field the doctor has never seen is skipped rather than fat
 
 from __future__ import annotations
 
+import math
 import operator
 import re
 from dataclasses import dataclass, field
@@ -337,7 +338,10 @@ class FieldReader:
                 continue
             try:
                 for name, typ, value in zip(seg.names, seg.types, values, strict=True):
-                    fields[name] = (value.strip() == "True") if typ is bool else typ(value.strip())
+                    v = (value.strip() == "True") if typ is bool else typ(value.strip())
+                    if typ is float and not math.isfinite(v):  # "nan" or "inf": no reading at all
+                        continue
+                    fields[name] = v
             except ValueError:
                 continue
             if seg.label_field is not None:
