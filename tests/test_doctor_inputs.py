@@ -144,3 +144,29 @@ def test_log_from_standard_input(monkeypatch: pytest.MonkeyPatch, capsys: pytest
     monkeypatch.setattr(sys, "stdin", Stdin)
     code, out, _ = doctor(["-"], capsys)
     assert code == 0 and "Verdict: retraction-storm" in out and "standard input" in out
+
+
+@pytest.mark.parametrize("block", [1, 3, 7, 64])
+def test_lines_survive_any_block_boundary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, block: int
+) -> None:
+    from kvadmit.doctor import source
+
+    monkeypatch.setattr(source, "BLOCK", block)
+    monkeypatch.setattr(source, "MAX_LINE", 40)
+    text = "first\n\nnaïve — ünïcode ✓\r\nprogress 1\rprogress 2\n" + "y" * 100 + "\nafter the long one\nlast"
+    path = tmp_path / "b.log"
+    path.write_bytes(text.encode("utf-8"))
+    src = source.LogSource(str(path))
+    got = list(src.lines())
+    assert got == [
+        (1, "first"),
+        (2, ""),
+        (3, "naïve — ünïcode ✓"),
+        (4, "progress 1"),
+        (4, "progress 2"),
+        (5, "y" * 40),
+        (6, "after the long one"),
+        (7, "last"),
+    ]
+    assert src.stats.long_lines == 1 and src.stats.ends_without_newline

@@ -225,27 +225,27 @@ class LogSource:
         n = 0
         stats = self.stats
         for block in self._blocks():
-            parts = block.split(b"\n")
-            parts[0] = carry + parts[0]
-            carry = parts.pop()
-            for raw in parts:
-                if skipping:
+            data = carry + block
+            cut = data.rfind(b"\n")
+            if cut >= 0:
+                complete, carry = data[:cut], data[cut + 1 :]
+                has_lines = True
+                if skipping:  # the rest of an over-long line runs up to the first newline
+                    first = complete.find(b"\n")
+                    has_lines = first >= 0
+                    complete = complete[first + 1 :]
                     skipping = False
-                    continue
-                n += 1
-                if len(raw) > MAX_LINE:
-                    raw = self._cut(raw)
-                try:
-                    text = raw.decode("utf-8")
-                except UnicodeDecodeError:
-                    stats.undecodable_lines += 1
-                    text = raw.decode("cp1252", errors="replace")
-                if "\r" in text:
-                    for piece in text.split("\r"):
-                        if piece:
-                            yield n, piece
-                else:
-                    yield n, text
+                if has_lines:
+                    for text in self._decode_block(complete):
+                        n += 1
+                        if "\r" in text:
+                            for piece in text.split("\r"):
+                                if piece:
+                                    yield n, piece
+                        else:
+                            yield n, text
+            else:
+                carry = data
             if len(carry) > MAX_LINE and not skipping:
                 n += 1
                 stats.long_lines += 1
@@ -257,14 +257,29 @@ class LogSource:
         if carry and not skipping:
             stats.ends_without_newline = True
             n += 1
-            try:
-                text = carry.decode("utf-8")
-            except UnicodeDecodeError:
-                stats.undecodable_lines += 1
-                text = carry.decode("cp1252", errors="replace")
-            for piece in text.split("\r"):
+            for piece in self._decode_block(carry)[0].split("\r"):
                 if piece:
                     yield n, piece
+
+    def _decode_block(self, complete: bytes) -> list[str]:
+        """Complete lines (joined by newlines) as text: one decode for the block when it is valid UTF-8
+        with no over-long line, else line by line (invalid lines are read as cp1252 and counted)."""
+        try:
+            lines = complete.decode("utf-8").split("\n")
+            if max(map(len, lines)) <= MAX_LINE:
+                return lines
+        except UnicodeDecodeError:
+            pass
+        out = []
+        for raw in complete.split(b"\n"):
+            if len(raw) > MAX_LINE:
+                raw = self._cut(raw)
+            try:
+                out.append(raw.decode("utf-8"))
+            except UnicodeDecodeError:
+                self.stats.undecodable_lines += 1
+                out.append(raw.decode("cp1252", errors="replace"))
+        return out
 
     def _decoded_lines(self) -> Iterator[tuple[int, str]]:
         decoder = codecs.getincrementaldecoder(self.stats.encoding)(errors="replace")
