@@ -373,3 +373,53 @@ def test_memory_does_not_grow_with_the_log() -> None:
 
     small, big = peak(6_000), peak(24_000)
     assert big < small * 1.5, (small, big)  # four times the lines, about the same memory
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "[2026-10-16 14:08:14] " + loglines.DECODE.render(**DECODE_VALUES),
+        "[2026-10-16 14:08:02] "
+        + loglines.PREFILL.render(
+            new_seq=4,
+            new_token=896,
+            cached_token=0,
+            token_usage=0.28,
+            running_req=1,
+            queue_req=11,
+            pending_token=2808,
+            graph_label="cuda graph",
+            graph=False,
+            input_throughput=3889.6,
+        ),
+        "[2026-10-16 14:08:02] "
+        + loglines.PREFILL_CLASSIC.render(
+            new_seq=4,
+            new_token=896,
+            cached_token=0,
+            token_usage=0.28,
+            running_req=1,
+            queue_req=11,
+            graph_label="cuda graph",
+            graph=False,
+            input_throughput=3889.6,
+        ),
+    ],
+)
+def test_the_fast_path_reads_what_the_general_parser_reads(line: str) -> None:
+    fast = LineParser().fast_batch(line)
+    general = parsed(line)
+    assert fast is not None
+    assert fast == (general.kind, general.ts, general.t, general.values)
+
+
+def test_the_fast_path_leaves_other_lines_to_the_parser() -> None:
+    p = LineParser()
+    for line in (
+        "[2026-10-16 14:08:14 TP0] " + loglines.DECODE.render(**DECODE_VALUES),  # rank tags
+        loglines.DECODE.render(**DECODE_VALUES),  # no stamp
+        "[2026-10-16 14:08:14] " + loglines.DECODE_V04.render(**DECODE_VALUES),  # another release
+        "[2026-10-16 14:08:14] Decode something else",
+        "[2026-10-16 14:08:14] Prefill",
+    ):
+        assert p.fast_batch(line) is None

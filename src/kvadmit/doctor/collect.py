@@ -105,7 +105,7 @@ class Collector:
         kinds = c.kinds
         kinds[kind] = kinds.get(kind, 0) + 1
         raw = rec.t
-        t = None if raw is None else (self._last_x if raw == self._last_raw_t else self._time(rec))
+        t = None if raw is None else (self._last_x if raw == self._last_raw_t else self._time(rec.ts, raw))
         rank = rec.rank
         if kind is parse.METRIC:
             if len(c.metric_lines) < MAX_METRIC_LINES:
@@ -152,13 +152,28 @@ class Collector:
 
     # -- helpers -------------------------------------------------------------------------------------
 
-    def _time(self, rec: Parsed) -> float | None:
+    def add_batch(
+        self, lineno: int, text: str, kind: str, ts: str, raw: float | None, values: tuple[object, ...]
+    ) -> None:
+        """A batch line from `LineParser.fast_batch` (plain timestamp, no rank tags): straight to a sample."""
+        c = self.c
+        c.lines += 1
+        c.recognised += 1
+        kinds = c.kinds
+        kinds[kind] = kinds.get(kind, 0) + 1
+        t = None if raw is None else (self._last_x if raw == self._last_raw_t else self._time(ts, raw))
+        if not c.engine:
+            c.engine.add("sglang")
+        running, queued, usage, used, tput, new_seq, new_token, cached = values
+        s = Sample(lineno, t, kind, "", running, queued, usage, used, tput, new_seq, new_token, cached, text)  # type: ignore[arg-type]
+        self.add_sample(s, Quote(lineno, text))
+
+    def _time(self, ts: str, raw: float | None) -> float | None:
         """Seconds since the log's first timestamp (the caller reuses the last answer for the same stamp)."""
         c = self.c
-        raw = rec.t
         if raw is None:
             return None
-        if len(rec.ts) <= 8 and self._last_raw_t is not None and raw < self._last_raw_t - 43_200:
+        if len(ts) <= 8 and self._last_raw_t is not None and raw < self._last_raw_t - 43_200:
             self._day += 86_400.0  # a time-only stamp passed midnight
         self._last_raw_t = raw
         raw += self._day

@@ -30,11 +30,16 @@ def read_log(path: str) -> tuple[Collected, InputSummary]:
     src = LogSource(path)
     parser = LineParser()
     collector = Collector()
-    parse, add, unknown = parser.parse, collector.add, collector.add_unknown
+    fast, parse = parser.fast_batch, parser.parse
+    add_batch, add, unknown = collector.add_batch, collector.add, collector.add_unknown
     last = 0
     try:
         for lineno, text in src.lines():
             last = lineno
+            batch = fast(text)
+            if batch is not None:
+                add_batch(lineno, text, *batch)
+                continue
             rec = parse(text)
             if rec is None:
                 unknown(lineno, text)

@@ -208,10 +208,7 @@ class LogSource:
     def lines(self) -> Iterator[tuple[int, str]]:
         """(line number, text without its line end). Carriage returns inside a line (progress bars)
         split it into parts that share the line's number."""
-        if self.stats.encoding == "utf-8":
-            yield from self._utf8_lines()
-        else:
-            yield from self._decoded_lines()
+        return self._utf8_lines() if self.stats.encoding == "utf-8" else self._decoded_lines()
 
     def _cut(self, line: bytes) -> bytes:
         if len(line) > MAX_LINE:

@@ -66,6 +66,10 @@ class LineFormat:
             )
         return tuple(map(_call, plan[1], m.group(*plan[0])))
 
+    def field_type(self, name: str) -> type:
+        """The type a field parses to (int, float, bool or str)."""
+        return self._type(name)
+
     def _type(self, name: str) -> type:
         if name in self.kinds:
             return self.kinds[name][1]
