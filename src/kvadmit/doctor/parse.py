@@ -45,7 +45,6 @@ _BATCH = re.compile(r"(Prefill|Decode) batch(?: \[\d+\])?[.,]?")
 _TS = re.compile(r"(?:(\d{4})-)?(\d\d)-(\d\d)[ T](\d\d):(\d\d):(\d\d)(?:[.,](\d+))?")
 _TIME_ONLY = re.compile(r"(?:^|[\[ ])(\d\d):(\d\d):(\d\d)(?:[.,]\d+)?(?=[\] ])")
 _RANK = re.compile(r"\b(?:TP|DP|PP|EP|CP|ATTN_DP|MOE_EP)\d+\b")
-_HTTP = re.compile(r"\"(GET|POST|PUT|DELETE|HEAD|PATCH) (\S+) HTTP/[\d.]+\" (\d{3})")
 _ERROR = re.compile(r"\b([A-Z][A-Za-z0-9_.]*(?:Error|Exception))\b:?")
 _ELAPSED = re.compile(r"\[(?:(\d+):)?(\d+):(\d\d)<")
 _ABORT_RID = re.compile(r"Abort request (\S+)")
@@ -201,13 +200,15 @@ class LineParser:
                         fields["token_usage"] = max(known)
                 values = tuple(fields.get(n) for n in BATCH_VALUES)
                 return Parsed(kind, text[m.start() :], fields, values), m.start()
-        if " HTTP/" in text:
-            m = _HTTP.search(text)
-            if m is not None:
-                path, status = m.group(2), int(m.group(3))
-                fields = {"method": m.group(1), "path": path, "status": status}
-                start = m.start()
-                if path.startswith("/health") and status >= 400:
+        end = text.find(" HTTP/")
+        if end >= 0:  # an access line: `"POST /generate HTTP/1.1" 200 OK`
+            start = text.rfind('"', 0, end)
+            close = text.find('" ', end)
+            status = text[close + 2 : close + 5]
+            method, _, path = text[start + 1 : end].partition(" ")
+            if start >= 0 and close > 0 and status.isdigit() and method.isupper() and path:
+                fields = {"method": method, "path": path, "status": int(status)}
+                if path.startswith("/health") and status >= "400":
                     return Parsed(HEALTH_FAIL, text[start:], fields), start
                 return Parsed(HTTP, text[start:], fields), start
         if vllm_lines.STATUS_HEAD in text:
