@@ -9,6 +9,7 @@ ranks (DP3, …) run schedulers of their own, so their lines are never merged wi
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 
 from kvadmit.doctor import parse
@@ -86,6 +87,8 @@ class Collector:
         self._day = 0.0
         self._last_raw_t: float | None = None
         self._last_x: float | None = None
+        self._history: deque[tuple[Sample, Quote]] = deque(maxlen=32)  # the latest samples
+        self._after_retraction = False
 
     def add_unknown(self, lineno: int, text: str) -> None:
         c = self.c
@@ -132,8 +135,7 @@ class Collector:
             c.engine.add("sglang")
             c.retract.add(rec.fields, t, q)
             if not rec.fields.get("forced"):
-                c.collapse.retracted(q)
-                c.stall.retracted()
+                self._retraction_seen(q)
                 old, new = rec.fields.get("old_ratio"), rec.fields.get("new_ratio")
                 label = f"{old:.4f} -> {new:.4f}" if isinstance(old, float) and isinstance(new, float) else ""
                 n = rec.fields.get("num_retracted")
@@ -146,6 +148,7 @@ class Collector:
         elif kind is parse.VLLM_PREEMPT:
             c.engine.add("vllm")
             c.vllm.add(rec.fields, t, q)
+            self._retraction_seen(q)
             c.timeline.mark(Marker(t, lineno, "retract", 1, "preempted"))
         elif kind in _FAILURE_KINDS:
             self._failure(kind, rec, t, q)
@@ -250,23 +253,37 @@ class Collector:
         self.add_sample(s, q)
 
     def add_sample(self, s: Sample, q: Quote) -> None:
-        """One observation of a scheduler (also used for metrics scrapes)."""
+        """One observation of a scheduler (also used for metrics scrapes). Called for most lines of a big
+        log, so the trackers that only matter after a retraction are not called before one."""
         c = self.c
-        c.queue.add(s, q, after_retraction=c.retract.events > 0 or c.vllm.warnings > 0)
-        if s.kind == "prefill":
+        c.queue.add(s, q, self._after_retraction)
+        kind = s.kind
+        prefill = kind == "prefill"
+        if prefill:
             c.prefill.add(s, q)
-        c.collapse.sample(s, q)
-        c.stall.sample(s, q)
-        if self._wave_stream is None:
-            self._wave_stream = s.stream
-        if s.stream == self._wave_stream:
-            if s.kind == "prefill":
-                c.waves.prefill(s.running, s.queued, s.new_seq, s.new_token, s.cached)
-            elif s.kind == "decode":
-                c.waves.decode(s.running, s.used)
-        running = s.running if s.kind != "prefill" or s.running is None else s.running + (s.new_seq or 0)
-        admitted = (s.new_seq or 0) if s.kind == "prefill" else None
+        self._history.append((s, q))
+        if self._after_retraction:
+            c.collapse.sample(s, q)
+            c.stall.sample(s, q)
+        waves = c.waves
+        if not waves.broken:
+            if self._wave_stream is None:
+                self._wave_stream = s.stream
+            if s.stream == self._wave_stream:
+                if prefill:
+                    waves.prefill(s.running, s.queued, s.new_seq, s.new_token, s.cached)
+                elif kind == "decode":
+                    waves.decode(s.running, s.used)
+        running = s.running if not prefill or s.running is None else s.running + (s.new_seq or 0)
+        admitted = (s.new_seq or 0) if prefill else None
         c.timeline.add(s.stream, s.t, s.line, s.usage, running, s.queued, s.throughput, s.used, admitted)
+
+    def _retraction_seen(self, q: Quote) -> None:
+        """A retraction (or a preemption): the trackers of what follows one start from recent history."""
+        c = self.c
+        c.collapse.retracted(q, self._history)
+        c.stall.retracted(self._history)
+        self._after_retraction = True
 
     def _failure(self, kind: str, rec: Parsed, t: float | None, q: Quote) -> None:
         c = self.c

@@ -10,6 +10,7 @@ arrivals between two scheduling passes, not waiting).
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 WAITING_SHARE_OF_RUNNING = 0.1
@@ -247,9 +248,9 @@ class RetractStats:
 
 @dataclass
 class CollapseTracker:
-    """Generation throughput per running request before the first retraction and after it."""
+    """Generation throughput per running request before the first retraction and after it. The samples
+    before it come from the collector's short history (`retracted`); after it, each one (`sample`)."""
 
-    before: deque[tuple[float, Quote]] = field(default_factory=lambda: deque(maxlen=8))
     baseline: tuple[float, Quote] | None = None
     after: int = 0
     after_low: int = 0
@@ -257,12 +258,15 @@ class CollapseTracker:
     worst_after: tuple[float, Quote] | None = None
     retraction: Quote | None = None
 
-    def sample(self, s: Sample, q: Quote) -> None:
+    @staticmethod
+    def _per_request(s: Sample) -> float | None:
         if s.kind not in ("decode", "vllm") or not s.running or not s.throughput or s.throughput <= 0:
-            return
-        per = s.throughput / s.running
-        if self.baseline is None:
-            self.before.append((per, q))
+            return None
+        return s.throughput / s.running
+
+    def sample(self, s: Sample, q: Quote) -> None:
+        per = self._per_request(s)
+        if per is None or self.baseline is None:
             return
         self.after += 1
         if per * 3 <= self.baseline[0]:
@@ -271,10 +275,15 @@ class CollapseTracker:
         if self.worst_after is None or per < self.worst_after[0]:
             self.worst_after = (per, q)
 
-    def retracted(self, q: Quote) -> None:
-        if self.baseline is None and len(self.before) >= 2:
-            values = sorted(self.before, key=lambda vq: vq[0])
-            self.baseline = values[len(values) // 2]
+    def retracted(self, q: Quote, history: Iterable[tuple[Sample, Quote]]) -> None:
+        """The first retraction after at least two decode lines sets the baseline: their median (of the
+        last eight)."""
+        if self.baseline is not None:
+            return
+        before = [(per, hq) for hs, hq in history if (per := self._per_request(hs)) is not None][-8:]
+        if len(before) >= 2:
+            before.sort(key=lambda vq: vq[0])
+            self.baseline = before[len(before) // 2]
             self.retraction = q
 
 
@@ -292,11 +301,9 @@ class StallTracker:
     admitted_after: int = 0
     prefills_after: int = 0
     samples_after: int = 0
-    _last_before: tuple[Sample, Quote] | None = None
 
     def sample(self, s: Sample, q: Quote) -> None:
         if not self.started:
-            self._last_before = (s, q)
             return
         if s.kind == "prefill":
             self.prefills_after += 1
@@ -305,11 +312,14 @@ class StallTracker:
             self.samples_after += 1
             self.last_running, self.last_queued, self.last_quote = s.running, s.queued, q
 
-    def retracted(self) -> None:
-        if not self.started and self._last_before is not None:
-            s, q = self._last_before
+    def retracted(self, history: Iterable[tuple[Sample, Quote]]) -> None:
+        """The first retraction: the last sample before it (with a queue) is the 'before'."""
+        if self.started:
+            return
+        for s, q in reversed(list(history)):
             if s.running is not None and s.queued is not None:
                 self.running_before, self.queued_before, self.before_quote = s.running, s.queued, q
+                break
         self.started = True
 
 
