@@ -1,0 +1,266 @@
+"""The pool: out-of-memory failures, an idle pool while requests wait (and which cause), and failures
+with no KV pressure at all (so admission is not the cause).
+
+* the pool is *idle* when token usage stays under 0.7 (98th percentile of the moments requests wait)
+  while they wait;
+* a failure is *unrelated* to the KV pool when it happens with no retraction and usage under 0.9.
+"""
+
+from __future__ import annotations
+
+from kvadmit.doctor import advice
+from kvadmit.doctor.collect import Collected
+from kvadmit.doctor.model import (
+    IDLE_POOL,
+    OOM_ABORT,
+    OTHER,
+    RANK_IDLE,
+    RANK_OOM,
+    RANK_UNRELATED_FAILURE,
+    Finding,
+)
+from kvadmit.doctor.trackers import LOW_USAGE, Quote, unique
+
+FULL_USAGE = 0.9  # SGLang's guide: above this the pool is well used
+CAP_SHARE = 0.6  # waiting samples at one running count that make a flat line
+
+
+def kv_pressure(c: Collected) -> bool:
+    top = c.queue.max_usage[0] if c.queue.max_usage else 0.0
+    return (
+        c.retract.events > 0
+        or c.vllm.warnings > 0
+        or top >= FULL_USAGE
+        or c.failures.count("last_request") > 0
+    )
+
+
+def oom(c: Collected) -> Finding | None:
+    fail = c.failures
+    last, gpu = fail.count("last_request"), fail.count("gpu_oom")
+    if not last and not gpu:
+        return None
+    lines: list[str] = []
+    if last:
+        releases = sorted(r for r in fail.releases if r)
+        lines.append(
+            "Retraction removed every other running request and the last one still did not fit: that one "
+            "request's prompt plus outputs outgrew the KV pool by itself."
+        )
+        lines.extend(advice.LAST_REQUEST_WORDING[r] for r in releases if r in advice.LAST_REQUEST_WORDING)
+    if gpu:
+        lines.append(
+            "The GPU allocator itself ran out of memory (activations, CUDA graphs, or another process): "
+            "this is not the KV pool's admission, which never hands out more slots than the pool has."
+        )
+    pool = c.startup.get("max_total_num_tokens")
+    title_bits = []
+    if last:
+        graceful = fail.graceful
+        crashed = last - graceful
+        parts = [
+            f"{graceful} aborted" if graceful else "",
+            f"{crashed} crashed the scheduler" if crashed else "",
+        ]
+        title_bits.append("out of memory with one request left (" + ", ".join(p for p in parts if p) + ")")
+    if gpu:
+        title_bits.append(f"GPU out of memory ({gpu}×)")
+    evidence = unique(
+        [
+            *fail.quotes.get("last_request", []),
+            *fail.quotes.get("gpu_oom", []),
+            *fail.quotes.get("traceback", [])[:1],
+            c.retract.last,
+            c.startup_quote,
+        ]
+    )
+    return Finding(
+        OOM_ABORT,
+        OOM_ABORT,
+        RANK_OOM,
+        "Out-of-memory: " + "; ".join(title_bits),
+        lines,
+        evidence,
+        advice.oom(bool(last), bool(gpu), pool if isinstance(pool, int) else None),
+        {
+            "last_request_failures": last,
+            "graceful_aborts": fail.graceful,
+            "gpu_oom": gpu,
+            "releases": sorted(fail.releases),
+        },
+    )
+
+
+def idle(c: Collected) -> Finding | None:
+    q = c.queue
+    if q.waiting == 0:
+        return None
+    # The peak (98th percentile, so one odd line does not decide) of usage while requests wait: a pool the
+    # forecast fills reaches high usage at some point, an idle one never does.
+    peak = q.usage_quantile(0.98)
+    stuck = q.stuck > 0 and (peak is None or peak < 0.05)
+    if not stuck and (peak is None or peak >= LOW_USAGE):
+        return None
+    low_usage, low_quote = q.low_wait if q.low_wait else (0.0, q.first_wait)
+    max_queue = q.max_queue[0] if q.max_queue else 0
+    if q.waiting == 1 and q.first_wait is not None:
+        title_usage = f"token usage {low_usage:.2f} while {max_queue:,} requests wait"
+    else:
+        title_usage = (
+            f"token usage never above {peak:.2f} in the {q.waiting:,} moments requests waited (up to "
+            f"{max_queue:,} queued)"
+        )
+    cause, lines, extra = _idle_cause(c, stuck)
+    evidence = unique([low_quote, q.first_wait, q.last_wait, *extra])
+    return Finding(
+        IDLE_POOL,
+        IDLE_POOL,
+        RANK_IDLE,
+        f"Idle pool with a queue: {title_usage}",
+        lines,
+        evidence,
+        advice.idle(cause, c),
+        {"cause": cause, "usage_peak_waiting": peak, "waiting_samples": q.waiting, "max_queue": max_queue},
+    )
+
+
+def _idle_cause(c: Collected, stuck: bool) -> tuple[str, list[str], list[Quote | None]]:
+    q = c.queue
+    lines = [
+        "Requests wait although most of the KV pool is unused (SGLang's guide: below 0.9 with a queue, the "
+        "server is too conservative). Admission counts reservations, not use, so something reserves or "
+        "blocks far more than the running requests need."
+    ]
+    cap = c.startup.get("max_running_requests")
+    flat = q.flat_running()
+    budget = _prefill_budget_note(c)
+    if stuck:
+        lines.append(
+            "Nothing is running and the pool is empty, yet requests wait: no reservation explains that. The "
+            "scheduler is blocked or its accounting is wrong (a bug to report with this log), not the "
+            "forecast."
+        )
+        return "blocked", lines, [q.stuck_quote]
+    if (
+        c.retract.events
+        and q.low_after_retraction >= max(1, q.waiting // 2)
+        and (c.retract.max_new_ratio or 0) >= 0.3
+    ):
+        lines.append(
+            f"It follows retraction: the ratio was pushed up to {c.retract.max_new_ratio:.4f}, so each "
+            "running request holds back that share of its whole remaining max_new_tokens; it decays back "
+            "over 600 decode steps, and every further retraction pushes it up again."
+        )
+        return (
+            "ratio-after-retraction",
+            lines,
+            [c.retract.biggest_jump[3] if c.retract.biggest_jump else None, q.low_after_quote],
+        )
+    if flat is not None and (
+        (isinstance(cap, int) and flat[0] >= cap) or (q.waiting >= 3 and flat[1] >= CAP_SHARE)
+    ):
+        value, share = flat
+        at_cap = f" = --max-running-requests {cap}" if isinstance(cap, int) and value >= cap else ""
+        lines.append(
+            f"#running-req sits flat at {value:,}{at_cap} in {share:.0%} of the moments requests waited: a "
+            "cap on the number of running requests, not the KV pool, holds them back."
+        )
+        return "max-running-requests", lines, []
+    lines.append(
+        "No retraction pushed the ratio up and #running-req is not flat at a cap, so the likely cause is "
+        "oversized max_new_tokens: each running request reserves its remaining max_new_tokens × the ratio, "
+        "and requests that stop far earlier leave that space reserved but unused."
+    )
+    if q.waiting < 3:
+        lines.append(
+            "From so few lines the causes cannot be fully told apart: a #running-req flat over time would "
+            "mean the --max-running-requests cap, retraction lines would mean a pushed-up ratio."
+        )
+    if budget is not None:
+        lines.append(budget[0])
+        return "max-new-tokens", lines, [budget[1]]
+    return "max-new-tokens", lines, []
+
+
+# Chunked-prefill sizes SGLang picks by GPU memory when --chunked-prefill-size is not given (§6).
+_DEFAULT_CHUNKS = (2048, 4096, 8192, 16384)
+
+
+def _prefill_budget_note(c: Collected) -> tuple[str, Quote] | None:
+    """A prefill batch exactly at an input budget: the queue is admitted at most that many tokens a pass."""
+    top = c.prefill.max_new_token
+    if top is None:
+        return None
+    tokens, q = top
+    budgets: list[tuple[int, str]] = []
+    for key, flag in (
+        ("max_prefill_tokens", "--max-prefill-tokens"),
+        ("chunked_prefill_size", "--chunked-prefill-size"),
+    ):
+        value = c.startup.get(key)
+        if isinstance(value, int) and value > 0:
+            budgets.append((value, flag))
+    if not c.startup:
+        budgets += [(16384, "the default --max-prefill-tokens")]
+        budgets += [(size, "a default --chunked-prefill-size") for size in _DEFAULT_CHUNKS]
+    for value, flag in budgets:
+        if tokens == value:
+            return (
+                f"A prefill batch took {tokens:,} new tokens, exactly {flag} ({value:,}): each prefill pass "
+                "is capped by that input budget (a long prompt is prefilled in chunks of it), which limits "
+                "how fast the queue can be admitted.",
+                q,
+            )
+    return None
+
+
+def unrelated(c: Collected) -> Finding | None:
+    f = c.failures
+    kinds = {k: f.count(k) for k in ("health_fail", "abort", "error", "http_5xx") if f.count(k)}
+    if not kinds or kv_pressure(c) or f.count("gpu_oom"):
+        return None
+    words = {
+        "health_fail": "failed health checks",
+        "abort": "aborted requests",
+        "error": "errors",
+        "http_5xx": "HTTP 5xx answers",
+    }
+    _singular = {
+        "health_fail": "failed health check",
+        "abort": "aborted request",
+        "error": "error",
+        "http_5xx": "HTTP 5xx answer",
+    }
+    what = ", ".join(f"{k:,} {words[name] if k > 1 else _singular[name]}" for name, k in kinds.items())
+    top = c.queue.max_usage
+    usage = f"token usage never above {top[0]:.2f}" if top else "no token usage reported"
+    lines = [
+        f"{what.capitalize()}, with {usage} and no retraction: the KV pool was never under pressure, so "
+        "admission is not the cause.",
+    ]
+    if f.health_probes:
+        lines.append(
+            f"The log shows {f.health_probes:,} health probe{'s' if f.health_probes > 1 else ''} (/health or "
+            "/health_generate). In SGLang each /health_generate sends a real 1-token generation through the "
+            "scheduler; frequent probing during long idle periods preceded a crash in a public report "
+            "(sgl-project/sglang#3695)."
+        )
+    evidence = unique(
+        [
+            *f.quotes.get("health_fail", []),
+            *f.quotes.get("abort", []),
+            *f.quotes.get("error", []),
+            *f.quotes.get("http_5xx", []),
+            top[1] if top else None,
+        ]
+    )
+    return Finding(
+        OTHER,
+        OTHER,
+        RANK_UNRELATED_FAILURE,
+        f"Failures unrelated to the KV pool: {what}; admission is not the cause",
+        lines,
+        evidence[:6],
+        advice.unrelated(),
+        {**kinds, "health_probes": f.health_probes},
+    )
