@@ -36,14 +36,14 @@ class MatchResult(NamedTuple):
     last_node: RadixNode  # deepest matched node (the root when nothing matched)
 
 
-def _common_len(a: list[int], b: list[int], page: int) -> int:
-    """Length of the common prefix of a and b, rounded down to a whole page."""
-    n = min(len(a), len(b))
-    # Compare without copying the shorter side (slices copy).
-    if (a if len(a) == n else a[:n]) == (b if len(b) == n else b[:n]):
+def _common_len(node_key: list[int], key: list[int], pos: int, page: int) -> int:
+    """Length of the common prefix of node_key and key[pos:], rounded down to a whole page."""
+    n = min(len(node_key), len(key) - pos)
+    part = key[pos : pos + n]  # one copy, compared at C speed (an equal prefix is the common case)
+    if (node_key if len(node_key) == n else node_key[:n]) == part:
         return n - n % page
     i = 0
-    while a[i] == b[i]:
+    while node_key[i] == part[i]:
         i += 1
     return i - i % page
 
@@ -82,8 +82,9 @@ class RadixCache:
         self.evict(self._evictable)
         self.reset_tree()
 
-    def _child_key(self, key: list[int]) -> object:
-        return key[0] if self.page_size == 1 else tuple(key[: self.page_size])
+    def _child_key(self, key: list[int], pos: int = 0) -> object:
+        """The children-dict key of key[pos:]: its first token, or its first page as a tuple."""
+        return key[pos] if self.page_size == 1 else tuple(key[pos : pos + self.page_size])
 
     def _split(self, child: RadixNode, at: int) -> RadixNode:
         """Split `child` so that a new node holds its first `at` tokens; returns the new node."""
@@ -115,23 +116,24 @@ class RadixCache:
         """Longest cached prefix of `key` (page aligned). Splits a node the match ends inside."""
         self._tick += 1
         if len(key) % self.page_size:
-            key = key[: len(key) - len(key) % self.page_size]
+            key = key[: len(key) - len(key) % self.page_size]  # only whole pages match
         node = self.root
         value: list[int] = []
-        while key:
-            child = node.children.get(self._child_key(key))
+        pos = 0  # key[:pos] is matched (walking an offset, not ever shorter copies of the key)
+        while pos < len(key):
+            child = node.children.get(self._child_key(key, pos))
             if child is None:
                 break
             child.last_access = self._tick
             self._offer(child)
-            n = _common_len(child.key, key, self.page_size)
+            n = _common_len(child.key, key, pos, self.page_size)
             if n == 0:
                 break
             if n < len(child.key):
                 child = self._split(child, n)
             value.extend(child.value)
             node = child
-            key = key[n:]
+            pos += n
         return MatchResult(value, node)
 
     # ----- updates ---------------------------------------------------------------------------
@@ -140,37 +142,44 @@ class RadixCache:
         `value` are now duplicates the caller must free). New tokens start unlocked (evictable)."""
         return self._insert(key, value)[0]
 
-    def _insert(self, key: list[int], value: list[int]) -> tuple[int, RadixNode, list[int]]:
-        """insert(), also returning the node the key ends at and the cached slots of its first part."""
+    def _insert(
+        self, key: list[int], value: list[int], owns_key: bool = False
+    ) -> tuple[int, RadixNode, list[RadixNode]]:
+        """insert(), also returning the node the key ends at and the nodes that held its cached part
+        (in order: their values are the cached slots). `value` may be longer than `key` (only its first
+        len(key) slots are used); `owns_key`: the key is a fresh list the new node may keep as is."""
         self._tick += 1
         node = self.root
-        done = 0
-        cached: list[int] = []
-        while key:
-            child = node.children.get(self._child_key(key))
+        pos = 0  # key[:pos] is already cached
+        matched: list[RadixNode] = []
+        while pos < len(key):
+            child = node.children.get(self._child_key(key, pos))
             if child is None:
                 break
             child.last_access = self._tick
             self._offer(child)
-            n = _common_len(child.key, key, self.page_size)
+            n = _common_len(child.key, key, pos, self.page_size)
             if n == 0:
                 break
             if n < len(child.key):
                 child = self._split(child, n)
-            done += n
-            cached.extend(child.value)
+            pos += n
+            matched.append(child)
             node = child
-            key = key[n:]
-            value = value[n:]
-        if key:
-            new = RadixNode(key=list(key), value=list(value), parent=node, children={})
+        if pos < len(key):
+            new = RadixNode(
+                key=key if owns_key and pos == 0 else key[pos:],
+                value=value[pos : len(key)],
+                parent=node,
+                children={},
+            )
             new.last_access = self._tick
             node.children[self._child_key(new.key)] = new
-            self._evictable += len(key)
+            self._evictable += len(new.key)
             self._nodes += 1
             self._offer(new)
             node = new
-        return done, node, cached
+        return pos, node, matched
 
     def inc_lock_ref(self, node: RadixNode) -> None:
         while node is not self.root:
@@ -230,11 +239,12 @@ class RadixCache:
         request's lock to it; the request keeps owning its unaligned tail."""
         kv_len = len(req.kv)
         aligned = kv_len - kv_len % self.page_size
-        already, node, cached = self._insert(_head(req, aligned), req.kv[:aligned])
+        already, node, matched = self._insert(_head(req, aligned), req.kv, owns_key=True)
         # Slots [cached_len, already) computed tokens another request had cached meanwhile: drop ours
         # and use the cache's.
         if already > req.cached_len:
             self.pool.free(req.kv[req.cached_len : already])
+            cached = [slot for m in matched for slot in m.value]
             req.kv[req.cached_len : already] = cached[req.cached_len :]
         if req.last_node is not None:
             self.dec_lock_ref(req.last_node)
@@ -246,7 +256,7 @@ class RadixCache:
         """A request ended normally: cache its computed tokens (page aligned), free the rest, unlock."""
         kv_len = len(req.kv)
         aligned = kv_len - kv_len % self.page_size
-        already = self.insert(_head(req, aligned), req.kv[:aligned])
+        already = self._insert(_head(req, aligned), req.kv, owns_key=True)[0]
         if already > req.cached_len:
             self.pool.free(req.kv[req.cached_len : already])
         if kv_len > aligned:
@@ -287,8 +297,10 @@ class NoPrefixCache(RadixCache):
 
 
 def _head(req: Req, n: int) -> list[int]:
-    """The first n tokens of prompt + outputs, copying only what is needed."""
+    """The first n tokens of prompt + outputs, as a fresh list, copying only what is needed."""
     prompt = req.origin_input_ids
     if n <= len(prompt):
         return prompt[:n]
-    return prompt + req.output_ids[: n - len(prompt)]
+    head = prompt + req.output_ids
+    del head[n:]  # (cheaper than slicing the outputs first: one copy, not two)
+    return head

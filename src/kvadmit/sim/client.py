@@ -42,6 +42,7 @@ class SimClient:
         self.engine = engine
         self.clock = clock
         self.vocab_size = vocab_size
+        self._token_ids = list(range(vocab_size))  # prompts are slices of it (one int object per id)
         # When each free slot of the concurrency limit became free (FIFO, like bench_serving's semaphore);
         # without a limit every request finds a slot the moment it arrives.
         self.free_slots: deque[float] | None = (
@@ -73,7 +74,7 @@ class SimClient:
             sent = arrival if slots is None else max(arrival, slots.popleft())
             req = Req(
                 rid=rid,
-                origin_input_ids=spec.prompt(self.vocab_size),
+                origin_input_ids=spec.prompt(self.vocab_size, self._token_ids),
                 sampling=SamplingLimits(max_new_tokens=spec.max_new_tokens, ignore_eos=spec.ignore_eos),
             )
             if outcome is not None:
