@@ -6,9 +6,12 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING
 
+from kvadmit.memory.pool import new_slots
 from kvadmit.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
+    from array import array
+
     from kvadmit.memory.radix import RadixNode
 
 
@@ -53,12 +56,12 @@ class Req:
     seq: int = 0  # arrival order, for fcfs ties and deterministic ordering
 
     # Scheduling state (reset by reset_for_retract).
-    kv: list[int] = field(default_factory=list)
+    kv: array[int] = field(default_factory=new_slots)  # pool slots (an int64 array, see memory/pool.py)
     cached_len: int = 0  # leading kv slots owned by the prefix cache
     last_node: RadixNode | None = None  # the cache node whose lock this request holds
     prefix_len: int = 0  # tokens this round's prefill need not compute (cache match or earlier chunks)
     match_node: RadixNode | None = None  # this pass's cache match (locked only if admitted)
-    match_slots: list[int] = field(default_factory=list)  # the matched prefix's slots
+    match_slots: array[int] = field(default_factory=new_slots)  # the matched prefix's slots
     fill_len: int = 0  # tokens of prompt + outputs this round's prefill computes up to (chunk end)
     extend_input_len: int = 0  # tokens computed by the current prefill (fill_len − prefix_len)
     cached_tokens: int = 0  # prompt tokens served from the prefix cache at its first prefill
@@ -87,12 +90,12 @@ class Req:
 
     def reset_for_retract(self) -> None:
         """Forget KV bookkeeping; outputs stay, so a later prefill covers prompt + outputs."""
-        self.kv = []
+        self.kv = new_slots()
         self.cached_len = 0
         self.prefix_len = 0
         self.last_node = None
         self.match_node = None
-        self.match_slots = []
+        self.match_slots = new_slots()
         self.fill_len = 0
         self.extend_input_len = 0
         self.is_retracted = True

@@ -12,10 +12,12 @@ Contract, in short:
 from __future__ import annotations
 
 import heapq
+from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
-from kvadmit.memory.pool import TokenPool
+from kvadmit.memory.pool import TokenPool, new_slots
 
 if TYPE_CHECKING:
     from kvadmit.request import Req
@@ -24,7 +26,7 @@ if TYPE_CHECKING:
 @dataclass(slots=True, eq=False)
 class RadixNode:
     key: list[int]
-    value: list[int]
+    value: array[int]  # pool slots of the key's tokens
     parent: RadixNode | None
     children: dict[object, RadixNode]
     lock_ref: int = 0
@@ -32,7 +34,7 @@ class RadixNode:
 
 
 class MatchResult(NamedTuple):
-    value: list[int]  # pool slots of the matched prefix
+    value: array[int]  # pool slots of the matched prefix (a new array)
     last_node: RadixNode  # deepest matched node (the root when nothing matched)
 
 
@@ -61,7 +63,7 @@ class RadixCache:
 
     # ----- structure -------------------------------------------------------------------------
     def reset_tree(self) -> None:
-        self.root = RadixNode(key=[], value=[], parent=None, children={}, lock_ref=1)
+        self.root = RadixNode(key=[], value=new_slots(), parent=None, children={}, lock_ref=1)
         self._evictable = 0
         self._protected = 0
         self._nodes = 0
@@ -118,7 +120,7 @@ class RadixCache:
         if len(key) % self.page_size:
             key = key[: len(key) - len(key) % self.page_size]  # only whole pages match
         node = self.root
-        value: list[int] = []
+        value = new_slots()
         pos = 0  # key[:pos] is matched (walking an offset, not ever shorter copies of the key)
         while pos < len(key):
             child = node.children.get(self._child_key(key, pos))
@@ -137,13 +139,13 @@ class RadixCache:
         return MatchResult(value, node)
 
     # ----- updates ---------------------------------------------------------------------------
-    def insert(self, key: list[int], value: list[int]) -> int:
+    def insert(self, key: list[int], value: Sequence[int]) -> int:
         """Insert key → value; returns how many leading tokens were already cached (their slots in
         `value` are now duplicates the caller must free). New tokens start unlocked (evictable)."""
-        return self._insert(key, value)[0]
+        return self._insert(key, value if isinstance(value, array) else new_slots(value))[0]
 
     def _insert(
-        self, key: list[int], value: list[int], owns_key: bool = False
+        self, key: list[int], value: array[int], owns_key: bool = False
     ) -> tuple[int, RadixNode, list[RadixNode]]:
         """insert(), also returning the node the key ends at and the nodes that held its cached part
         (in order: their values are the cached slots). `value` may be longer than `key` (only its first
@@ -244,7 +246,9 @@ class RadixCache:
         # and use the cache's.
         if already > req.cached_len:
             self.pool.free(req.kv[req.cached_len : already])
-            cached = [slot for m in matched for slot in m.value]
+            cached = new_slots()
+            for m in matched:
+                cached.extend(m.value)
             req.kv[req.cached_len : already] = cached[req.cached_len :]
         if req.last_node is not None:
             self.dec_lock_ref(req.last_node)
@@ -274,7 +278,7 @@ class RadixCache:
         if req.last_node is not None:
             self.dec_lock_ref(req.last_node)
         req.last_node = None
-        req.kv = []
+        req.kv = new_slots()
         req.cached_len = 0
 
 
@@ -284,7 +288,7 @@ class NoPrefixCache(RadixCache):
     enabled = False
 
     def match_prefix(self, key: list[int]) -> MatchResult:
-        return MatchResult([], self.root)
+        return MatchResult(new_slots(), self.root)
 
     def insert(self, key: list[int], value: list[int]) -> int:
         raise RuntimeError("the prefix cache is disabled")

@@ -272,7 +272,7 @@ class AdmissionPass:
         if req.retraction_count == 0:
             req.cached_tokens = req.prefix_len
         req.last_node = req.match_node
-        req.kv = list(req.match_slots)
+        req.kv = req.match_slots[:]  # a copy: the request's own slot array grows from here
         req.cached_len = len(req.match_slots)
         self.can_run_list.append(req)
         self._charge(req.prefix_len, extend, reserved)

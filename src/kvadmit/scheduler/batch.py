@@ -7,7 +7,12 @@ holds back (reference §1.3, confirmed in the scheduler's code). This class does
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from kvadmit.request import Req
+
+if TYPE_CHECKING:
+    from array import array
 
 # Relative error of one floating-point operation, doubled for safety (2^-52 rather than 2^-53).
 _ULP = 2.0**-52
@@ -44,7 +49,7 @@ class RunningBatch:
         self.reqs: list[Req] = []
         # Parallel to reqs, for the decode step's C-speed appends: each request's output and KV lists.
         self.outs: list[list[int]] = []
-        self.kvs: list[list[int]] = []
+        self.kvs: list[array[int]] = []
         self._sum_full = 0
         self._sum_ratio = 0
         self._n_full = 0  # requests reserving in full (ignore_eos under 0.5.22)
