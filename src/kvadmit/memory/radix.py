@@ -38,9 +38,9 @@ class MatchResult(NamedTuple):
     last_node: RadixNode  # deepest matched node (the root when nothing matched)
 
 
-def _common_len(node_key: list[int], key: list[int], pos: int, page: int) -> int:
-    """Length of the common prefix of node_key and key[pos:], rounded down to a whole page."""
-    n = min(len(node_key), len(key) - pos)
+def _common_len(node_key: list[int], key: list[int], pos: int, end: int, page: int) -> int:
+    """Length of the common prefix of node_key and key[pos:end], rounded down to a whole page."""
+    n = min(len(node_key), end - pos)
     part = key[pos : pos + n]  # one copy, compared at C speed (an equal prefix is the common case)
     if (node_key if len(node_key) == n else node_key[:n]) == part:
         return n - n % page
@@ -114,21 +114,21 @@ class RadixCache:
     def protected_size(self) -> int:
         return self._protected
 
-    def match_prefix(self, key: list[int]) -> MatchResult:
-        """Longest cached prefix of `key` (page aligned). Splits a node the match ends inside."""
+    def match_prefix(self, key: list[int], end: int | None = None) -> MatchResult:
+        """Longest cached prefix of `key[:end]` (page aligned). Splits a node the match ends inside."""
         self._tick += 1
-        if len(key) % self.page_size:
-            key = key[: len(key) - len(key) % self.page_size]  # only whole pages match
+        end = len(key) if end is None else min(end, len(key))
+        end -= end % self.page_size  # only whole pages match
         node = self.root
         value = new_slots()
         pos = 0  # key[:pos] is matched (walking an offset, not ever shorter copies of the key)
-        while pos < len(key):
+        while pos < end:
             child = node.children.get(self._child_key(key, pos))
             if child is None:
                 break
             child.last_access = self._tick
             self._offer(child)
-            n = _common_len(child.key, key, pos, self.page_size)
+            n = _common_len(child.key, key, pos, end, self.page_size)
             if n == 0:
                 break
             if n < len(child.key):
@@ -160,7 +160,7 @@ class RadixCache:
                 break
             child.last_access = self._tick
             self._offer(child)
-            n = _common_len(child.key, key, pos, self.page_size)
+            n = _common_len(child.key, key, pos, len(key), self.page_size)
             if n == 0:
                 break
             if n < len(child.key):
@@ -287,7 +287,7 @@ class NoPrefixCache(RadixCache):
 
     enabled = False
 
-    def match_prefix(self, key: list[int]) -> MatchResult:
+    def match_prefix(self, key: list[int], end: int | None = None) -> MatchResult:
         return MatchResult(new_slots(), self.root)
 
     def insert(self, key: list[int], value: list[int]) -> int:

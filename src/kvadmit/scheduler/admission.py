@@ -44,8 +44,8 @@ def prepare_candidate(req: Req, cache: RadixCache, continuing_chunk: bool = Fals
     if continuing_chunk:
         req.prefix_len = len(req.kv)
     else:
-        prompt, outputs = req.origin_input_ids, req.output_ids
-        match = cache.match_prefix((prompt + outputs)[:-1] if outputs else prompt[:-1])
+        key = req.fill_ids() if req.output_ids else req.origin_input_ids  # (no copy of a bare prompt)
+        match = cache.match_prefix(key, len(key) - 1)
         req.match_node = match.last_node
         req.match_slots = match.value
         req.prefix_len = len(match.value)
