@@ -56,7 +56,7 @@ class Req:
     seq: int = 0  # arrival order, for fcfs ties and deterministic ordering
 
     # Scheduling state (reset by reset_for_retract).
-    kv: array[int] = field(default_factory=new_slots)  # pool slots (an int64 array, see memory/pool.py)
+    kv: array[int] = field(default_factory=new_slots)  # pool slots (a C array, see memory/pool.py)
     cached_len: int = 0  # leading kv slots owned by the prefix cache
     last_node: RadixNode | None = None  # the cache node whose lock this request holds
     prefix_len: int = 0  # tokens this round's prefill need not compute (cache match or earlier chunks)

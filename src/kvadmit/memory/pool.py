@@ -5,9 +5,10 @@ executor indexes its KV tensors with; the scheduler only needs their count. A re
 first filling the unused slots of its last page, then taking whole new pages, as SGLang's paged allocator
 does, so a request always holds whole pages and `available_size()` is a multiple of the page size.
 
-Slot lists (a request's KV, a cache entry's value, the free list) are C arrays of int64, not lists of
-Python ints: they are copied, handed over and freed by the thousand tokens, and an array moves bytes
-where a list would touch every int object it refers to.
+Slot lists (a request's KV, a cache entry's value, the free list) are C arrays of unsigned 32-bit ints,
+not lists of Python ints: they are copied, handed over and freed by the thousand tokens, and an array
+moves bytes where a list would touch every int object it refers to. (Typecode "I": unlike the signed
+codes, its append converts an int without parsing a format string, as fast as a list's append.)
 """
 
 from __future__ import annotations
@@ -15,10 +16,13 @@ from __future__ import annotations
 from array import array
 from collections.abc import Iterable, Sequence
 
+SLOT_TYPECODE = "I"
+MAX_SLOTS = 1 << (8 * array(SLOT_TYPECODE).itemsize)  # slot ids must fit the array's items
+
 
 def new_slots(values: Iterable[int] = ()) -> array[int]:
-    """A slot list: an int64 array (empty, or holding `values`)."""
-    return array("q", values)
+    """A slot list: an unsigned-int array (empty, or holding `values`)."""
+    return array(SLOT_TYPECODE, values)
 
 
 class OutOfSlots(RuntimeError):
@@ -34,6 +38,8 @@ class TokenPool:
     def __init__(self, size: int, page_size: int = 1) -> None:
         if size <= 0 or page_size <= 0:
             raise ValueError(f"pool size and page size must be positive, got {size} and {page_size}")
+        if size > MAX_SLOTS:
+            raise ValueError(f"a pool of {size} tokens is more than the {MAX_SLOTS} slot ids can number")
         self.page_size = page_size
         self.num_pages = size // page_size
         self.size = self.num_pages * page_size
