@@ -142,16 +142,27 @@ class RadixCache:
     def insert(self, key: list[int], value: Sequence[int]) -> int:
         """Insert key → value; returns how many leading tokens were already cached (their slots in
         `value` are now duplicates the caller must free). New tokens start unlocked (evictable)."""
-        return self._insert(key, value if isinstance(value, array) else new_slots(value))[0]
+        return self._insert(self.root, key, value if isinstance(value, array) else new_slots(value))[0]
 
     def _insert(
-        self, key: list[int], value: array[int], owns_key: bool = False
+        self, start: RadixNode, key: list[int], value: array[int], owns_key: bool = False
     ) -> tuple[int, RadixNode, list[RadixNode]]:
-        """insert(), also returning the node the key ends at and the nodes that held its cached part
-        (in order: their values are the cached slots). `value` may be longer than `key` (only its first
-        len(key) slots are used); `owns_key`: the key is a fresh list the new node may keep as is."""
+        """insert() below `start`: `key` continues the tokens its path from the root spells (which a
+        walk from the root would match whole, so only its nodes' access times are refreshed, in the
+        walk's order). Returns how many leading tokens of `key` were already cached, the node the key
+        ends at and the nodes below `start` that held that cached part (in order: their values are its
+        slots). `value` may be longer than `key`; `owns_key`: the key is a fresh list a new node may keep."""
         self._tick += 1
-        node = self.root
+        path: list[RadixNode] = []
+        node = start
+        while node is not self.root:
+            assert node.parent is not None
+            path.append(node)
+            node = node.parent
+        for node in reversed(path):
+            node.last_access = self._tick
+            self._offer(node)
+        node = start
         pos = 0  # key[:pos] is already cached
         matched: list[RadixNode] = []
         while pos < len(key):
@@ -241,15 +252,17 @@ class RadixCache:
         request's lock to it; the request keeps owning its unaligned tail."""
         kv_len = len(req.kv)
         aligned = kv_len - kv_len % self.page_size
-        already, node, matched = self._insert(_head(req, aligned), req.kv, owns_key=True)
-        # Slots [cached_len, already) computed tokens another request had cached meanwhile: drop ours
+        done = req.cached_len  # the tokens its locked node spells
+        tail = _tokens(req, done, aligned)
+        already, node, matched = self._insert(self._start(req), tail, req.kv[done:aligned], owns_key=True)
+        # Slots [done, done + already) computed tokens another request had cached meanwhile: drop ours
         # and use the cache's.
-        if already > req.cached_len:
-            self.pool.free(req.kv[req.cached_len : already])
+        if already:
+            self.pool.free(req.kv[done : done + already])
             cached = new_slots()
             for m in matched:
                 cached.extend(m.value)
-            req.kv[req.cached_len : already] = cached[req.cached_len :]
+            req.kv[done : done + already] = cached
         if req.last_node is not None:
             self.dec_lock_ref(req.last_node)
         self.inc_lock_ref(node)
@@ -260,12 +273,19 @@ class RadixCache:
         """A request ended normally: cache its computed tokens (page aligned), free the rest, unlock."""
         kv_len = len(req.kv)
         aligned = kv_len - kv_len % self.page_size
-        already = self._insert(_head(req, aligned), req.kv, owns_key=True)[0]
-        if already > req.cached_len:
-            self.pool.free(req.kv[req.cached_len : already])
+        done = req.cached_len
+        tail = _tokens(req, done, aligned)
+        already = self._insert(self._start(req), tail, req.kv[done:aligned], owns_key=True)[0]
+        if already:
+            self.pool.free(req.kv[done : done + already])
         if kv_len > aligned:
             self.pool.free(req.kv[aligned:])
         self._unlock(req)
+
+    def _start(self, req: Req) -> RadixNode:
+        """Where inserting the request's tokens past its cached prefix starts: the node it locks, whose
+        path from the root spells exactly that prefix (req.cached_len tokens)."""
+        return req.last_node if req.last_node is not None else self.root
 
     def release_req(self, req: Req) -> None:
         """Retraction or abort: free the request's own slots without caching them; its cached prefix
@@ -300,11 +320,11 @@ class NoPrefixCache(RadixCache):
         self.release_req(req)
 
 
-def _head(req: Req, n: int) -> list[int]:
-    """The first n tokens of prompt + outputs, as a fresh list, copying only what is needed."""
+def _tokens(req: Req, start: int, end: int) -> list[int]:
+    """Tokens [start, end) of prompt + outputs, as a fresh list, copying only those."""
     prompt = req.origin_input_ids
-    if n <= len(prompt):
-        return prompt[:n]
-    head = prompt + req.output_ids
-    del head[n:]  # (cheaper than slicing the outputs first: one copy, not two)
-    return head
+    if end <= len(prompt):
+        return prompt[start:end]
+    if start >= len(prompt):
+        return req.output_ids[start - len(prompt) : end - len(prompt)]
+    return prompt[start:] + req.output_ids[: end - len(prompt)]
