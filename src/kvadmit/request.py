@@ -15,6 +15,9 @@ if TYPE_CHECKING:
     from kvadmit.memory.radix import RadixNode
 
 
+DEFAULT_PARAMS = SamplingParams()
+
+
 class FinishKind(str, Enum):
     LENGTH = "length"  # reached max_new_tokens
     STOP = "stop"  # EOS, a stop token id or a stop string
@@ -49,9 +52,9 @@ class Req:
     """
 
     rid: str
-    origin_input_ids: list[int]
+    origin_input_ids: list[int]  # never changed once queued (the prefix cache may keep this very list)
     sampling: SamplingLimits = field(default_factory=SamplingLimits)
-    params: SamplingParams = field(default_factory=SamplingParams)  # how its tokens are drawn
+    params: SamplingParams = DEFAULT_PARAMS  # how its tokens are drawn (frozen: one default serves all)
     output_ids: list[int] = field(default_factory=list)
     seq: int = 0  # arrival order, for fcfs ties and deterministic ordering
 

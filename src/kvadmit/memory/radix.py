@@ -151,7 +151,8 @@ class RadixCache:
         walk from the root would match whole, so only its nodes' access times are refreshed, in the
         walk's order). Returns how many leading tokens of `key` were already cached, the node the key
         ends at and the nodes below `start` that held that cached part (in order: their values are its
-        slots). `value` may be longer than `key`; `owns_key`: the key is a fresh list a new node may keep."""
+        slots). `value` may be longer than `key`; `owns_key`: a new node may keep the key list itself
+        (no one changes it: node keys are replaced, never changed in place)."""
         self._tick += 1
         path: list[RadixNode] = []
         node = start
@@ -321,10 +322,11 @@ class NoPrefixCache(RadixCache):
 
 
 def _tokens(req: Req, start: int, end: int) -> list[int]:
-    """Tokens [start, end) of prompt + outputs, as a fresh list, copying only those."""
+    """Tokens [start, end) of prompt + outputs, as a list a cache node may keep: a fresh copy of only
+    those tokens, or the whole prompt itself (a prompt never changes, nor does a node's key)."""
     prompt = req.origin_input_ids
     if end <= len(prompt):
-        return prompt[start:end]
+        return prompt if start == 0 and end == len(prompt) else prompt[start:end]
     if start >= len(prompt):
         return req.output_ids[start - len(prompt) : end - len(prompt)]
     return prompt[start:] + req.output_ids[: end - len(prompt)]
