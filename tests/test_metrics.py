@@ -8,7 +8,7 @@ import random
 
 import numpy as np
 
-from kvadmit.bench.metrics import RequestOutcome, peak_per_second
+from kvadmit.bench.metrics import RequestOutcome, calculate_metrics, peak_per_second
 
 
 def _outcome(start: float, ttft: float, itl: list[float], latency: float, ok: bool = True) -> RequestOutcome:
@@ -69,3 +69,20 @@ def test_grouped_sums_equal_the_per_request_definition() -> None:
         if not any(o.success for o in outcomes):
             continue
         assert peak_per_second(outcomes) == plain_peak(outcomes)
+
+
+def test_itl_figures_are_over_every_gap_and_leave_the_outcomes_alone() -> None:
+    rng = random.Random(8)
+    outcomes = [
+        _outcome(float(i), 0.5, np.array([rng.uniform(0, 0.1) for _ in range(rng.randint(0, 50))]), 9.0)
+        for i in range(40)
+    ]
+    before = [o.itl.copy() for o in outcomes]  # type: ignore[union-attr]
+    every = np.concatenate(before)
+    itl = calculate_metrics(outcomes, 50.0).itl_ms
+    assert itl["mean"] == float(np.mean(every)) * 1000 and itl["max"] == float(np.max(every)) * 1000
+    p50, p90, p95, p99 = np.percentile(every, [50, 90, 95, 99])
+    assert [itl["median"], itl["p90"], itl["p95"], itl["p99"]] == [
+        float(p) * 1000 for p in (p50, p90, p95, p99)
+    ]
+    assert all(np.array_equal(o.itl, b) for o, b in zip(outcomes, before, strict=True))

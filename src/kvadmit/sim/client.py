@@ -21,7 +21,7 @@ from kvadmit.engine import Engine, VirtualClock
 from kvadmit.request import FinishKind, Req, SamplingLimits
 from kvadmit.scheduler.events import Event, Retraction
 from kvadmit.scheduler.types import ScheduledBatch
-from kvadmit.sim.token_times import Piece, gather_token_times
+from kvadmit.sim.token_times import Piece, gather_gaps
 from kvadmit.sim.workload import SimRequest
 
 
@@ -153,9 +153,7 @@ class SimClient:
         done, self._succeeded = self._succeeded, []
         if not done:
             return
-        times, bounds = gather_token_times(self._decode_times[: self.n_decode], [f.pieces for f, _ in done])
-        gaps = times[1:] - times[:-1]
+        firsts, gaps, bounds = gather_gaps(self._decode_times[: self.n_decode], [f.pieces for f, _ in done])
         for k, (flight, out) in enumerate(done):
-            first, end = bounds[k], bounds[k + 1]
-            out.ttft = times[first] - flight.sent
-            out.itl = gaps[first : end - 1]  # a view; empty for a single token
+            out.ttft = firsts[k] - flight.sent
+            out.itl = gaps[bounds[k] : bounds[k + 1]]  # a view; empty for a single token
