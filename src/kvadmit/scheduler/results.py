@@ -82,9 +82,7 @@ class StepResults:
         if self.stop_checker is not None:
             maybe = range(len(reqs))
         else:
-            candidates = running.reached_length()
-            for stop in self._stop_tokens_in(tokens):
-                candidates += _positions(tokens, stop)
+            candidates = running.reached_length() + self._stop_positions(tokens)
             if self._abort_rids:
                 candidates += [i for i, r in enumerate(reqs) if r.rid in self._abort_rids]
             maybe = sorted(set(candidates))
@@ -109,13 +107,14 @@ class StepResults:
             )
             self._generated_since_log = 0
 
-    def _stop_tokens_in(self, tokens: list[int]) -> list[int] | frozenset[int]:
-        """The stop token ids (of any request) among `tokens`. With a few (EOS and the like), one C-speed
-        `in` scan each beats hashing every token of the batch."""
+    def _stop_positions(self, tokens: list[int]) -> list[int]:
+        """Positions of `tokens` that are a stop token id of any request. With a few stop ids (EOS and
+        the like), C-speed scans for each beat hashing every token of the batch."""
         union = self._stop_token_union
-        if len(union) <= 4:
-            return [stop for stop in union if stop in tokens]
-        return union.intersection(tokens)
+        found: list[int] = []
+        for stop in union if len(union) <= 4 else union.intersection(tokens):
+            found += _positions(tokens, stop)
+        return found
 
     def _append_token(self, req: Req, token: int, outcome: StepOutcome) -> None:
         req.output_ids.append(token)
