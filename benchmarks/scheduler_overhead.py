@@ -45,7 +45,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from kvadmit.config import SchedulerKnobs, ServerArgs, version_profile
-from kvadmit.memory.pool import TokenPool
+from kvadmit.memory.pool import TokenPool, new_slots
 from kvadmit.memory.radix import NoPrefixCache, RadixCache
 from kvadmit.request import Req, SamplingLimits
 from kvadmit.scheduler.admission import AddResult, AdmissionPass, prepare_candidate
@@ -223,7 +223,8 @@ def measure_size(n_running: int, rounds: int, target_ns: float, rng: random.Rand
     sched.cache.dec_lock_ref(cand.match_node)  # type: ignore[arg-type]
     assert again._base_exact is None and again.can_run_list == [cand]
     # Leave the candidate as a waiting request again.
-    cand.kv, cand.cached_len, cand.last_node, cand.match_node, cand.match_slots = [], 0, None, None, []
+    cand.kv, cand.match_slots = new_slots(), new_slots()
+    cand.cached_len, cand.last_node, cand.match_node = 0, None, None
     cand.prefix_len = cand.fill_len = cand.extend_input_len = 0
 
     # The full decode step. Every request has ≥ 3,000 tokens to go; take fewer steps than the least.

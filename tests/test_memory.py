@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from kvadmit.memory.pool import OutOfSlots, ReqSlotPool, TokenPool
-from kvadmit.memory.radix import NoPrefixCache, RadixCache
+from kvadmit.memory.radix import NoPrefixCache, RadixCache, RadixNode
+from kvadmit.request import Req
 
 
 def test_pool_counts_free_slots_and_reuses_freed_ones() -> None:
@@ -22,10 +23,10 @@ def test_paged_pool_fills_the_last_page_before_taking_a_new_one() -> None:
     pool = TokenPool(16, page_size=4)
     held = pool.alloc_extend([], 5)  # one full page and one slot of a second
     assert pool.available_size() == 8  # two whole pages taken
-    assert held[4] // 4 != held[0] // 4 and held[:4] == list(range(held[0], held[0] + 4))
+    assert held[4] // 4 != held[0] // 4 and list(held[:4]) == list(range(held[0], held[0] + 4))
     more = pool.alloc_extend(held, 3)  # fits in the unused 3 slots of the second page
     assert pool.available_size() == 8
-    assert more == [held[4] + 1, held[4] + 2, held[4] + 3]
+    assert list(more) == [held[4] + 1, held[4] + 2, held[4] + 3]
     pool.alloc_extend(held + more, 1)  # a new page
     assert pool.available_size() == 4
 
@@ -109,5 +110,52 @@ def test_evict_takes_least_recently_used_whole_leaves_and_never_locked_ones() ->
 def test_disabled_cache_matches_nothing_and_has_nothing_evictable() -> None:
     pool = TokenPool(10)
     cache = NoPrefixCache(pool)
-    assert cache.match_prefix([1, 2, 3]).value == []
+    assert len(cache.match_prefix([1, 2, 3]).value) == 0
     assert cache.evictable_size() == 0
+
+
+def _tree(node: RadixNode) -> tuple[object, ...]:
+    children = sorted((repr(k), _tree(c)) for k, c in node.children.items())
+    return (node.key, list(node.value), node.lock_ref, node.last_access, children)
+
+
+def _plain_cache_finished(cache: RadixCache, pool: TokenPool, req: Req) -> None:
+    """cache_finished_req spelled the plain way: insert prompt + outputs from the root."""
+    aligned = len(req.kv) - len(req.kv) % cache.page_size
+    already = cache.insert(req.fill_ids()[:aligned], req.kv[:aligned])
+    if already > req.cached_len:
+        pool.free(req.kv[req.cached_len : already])
+    pool.free(req.kv[aligned:])
+    assert req.last_node is not None
+    cache.dec_lock_ref(req.last_node)
+
+
+@pytest.mark.parametrize("page", [1, 4])
+def test_caching_a_request_below_its_locked_node_equals_an_insert_from_the_root(page: int) -> None:
+    # The request matched 8 cached tokens, computed the rest of its prompt and 6 outputs; meanwhile
+    # another request cached the same prompt and 4 of those outputs. Inserting only past its locked
+    # node must leave the tree (keys, slots, locks, access times), the free slots and the eviction
+    # order exactly as a walk from the root does.
+    def finish(shortcut: bool) -> tuple[object, ...]:
+        pool, cache = _cache(200, page)
+        shared = [1, 2, 3, 4, 5, 6, 7, 8]
+        _put(pool, cache, shared)
+        _put(pool, cache, [1, 2, 3, 4, 9, 9, 9, 9])
+        req = Req(rid="a", origin_input_ids=[*shared, 10, 11, 12, 13])
+        match = cache.match_prefix(req.origin_input_ids, len(req.origin_input_ids) - 1)
+        cache.inc_lock_ref(match.last_node)
+        req.last_node, req.kv, req.cached_len = match.last_node, match.value[:], len(match.value)
+        req.kv.extend(pool.alloc_extend(req.kv, 12 - len(req.kv)))
+        cache.cache_unfinished_req(req)
+        for token in [20, 21, 22, 23, 24, 25]:
+            req.output_ids.append(token)
+            req.kv.extend(pool.alloc_extend(req.kv, 1))
+        _put(pool, cache, [*req.origin_input_ids, 20, 21, 22, 23])
+        if shortcut:
+            cache.cache_finished_req(req)
+        else:
+            _plain_cache_finished(cache, pool, req)
+        state = (_tree(cache.root), pool.available_size(), cache.evictable_size(), cache.protected_size())
+        return state, [cache.evict(1) for _ in range(6)]
+
+    assert finish(shortcut=True) == finish(shortcut=False)

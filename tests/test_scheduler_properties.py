@@ -165,7 +165,7 @@ class Run:
         for rid in ev.rids:
             req = self.reqs[rid]
             assert id(req) not in running, f"retracted {rid} is still running"
-            assert req.kv == [] and req.last_node is None, f"retracted {rid} still holds KV"
+            assert len(req.kv) == 0 and req.last_node is None, f"retracted {rid} still holds KV"
             # Re-queued (at the end of the queue), or refused by a full queue and so ended.
             assert id(req) in waiting or req.finished_reason is not None, f"retracted {rid} was lost"
         # §3.2: victims go fewest outputs first, ties longest prompt first; every kept request ranks above.

@@ -184,7 +184,7 @@ class Engine:
         self._count += 1
         return Req(
             rid=f"offline-{self._count}",
-            origin_input_ids=ids,
+            origin_input_ids=list(ids),  # our own copy: the caller may reuse theirs
             sampling=SamplingLimits(
                 max_new_tokens=max_new,
                 ignore_eos=bool(sp.get("ignore_eos", False)),

@@ -6,10 +6,16 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING
 
+from kvadmit.memory.pool import new_slots
 from kvadmit.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
+    from array import array
+
     from kvadmit.memory.radix import RadixNode
+
+
+DEFAULT_PARAMS = SamplingParams()
 
 
 class FinishKind(str, Enum):
@@ -46,19 +52,19 @@ class Req:
     """
 
     rid: str
-    origin_input_ids: list[int]
+    origin_input_ids: list[int]  # never changed once queued (the prefix cache may keep this very list)
     sampling: SamplingLimits = field(default_factory=SamplingLimits)
-    params: SamplingParams = field(default_factory=SamplingParams)  # how its tokens are drawn
+    params: SamplingParams = DEFAULT_PARAMS  # how its tokens are drawn (frozen: one default serves all)
     output_ids: list[int] = field(default_factory=list)
     seq: int = 0  # arrival order, for fcfs ties and deterministic ordering
 
     # Scheduling state (reset by reset_for_retract).
-    kv: list[int] = field(default_factory=list)
+    kv: array[int] = field(default_factory=new_slots)  # pool slots (a C array, see memory/pool.py)
     cached_len: int = 0  # leading kv slots owned by the prefix cache
     last_node: RadixNode | None = None  # the cache node whose lock this request holds
     prefix_len: int = 0  # tokens this round's prefill need not compute (cache match or earlier chunks)
     match_node: RadixNode | None = None  # this pass's cache match (locked only if admitted)
-    match_slots: list[int] = field(default_factory=list)  # the matched prefix's slots
+    match_slots: array[int] = field(default_factory=new_slots)  # the matched prefix's slots
     fill_len: int = 0  # tokens of prompt + outputs this round's prefill computes up to (chunk end)
     extend_input_len: int = 0  # tokens computed by the current prefill (fill_len − prefix_len)
     cached_tokens: int = 0  # prompt tokens served from the prefix cache at its first prefill
@@ -87,12 +93,12 @@ class Req:
 
     def reset_for_retract(self) -> None:
         """Forget KV bookkeeping; outputs stay, so a later prefill covers prompt + outputs."""
-        self.kv = []
+        self.kv = new_slots()
         self.cached_len = 0
         self.prefix_len = 0
         self.last_node = None
         self.match_node = None
-        self.match_slots = []
+        self.match_slots = new_slots()
         self.fill_len = 0
         self.extend_input_len = 0
         self.is_retracted = True

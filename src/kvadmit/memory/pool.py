@@ -4,11 +4,25 @@ The KV pool has `size` token slots grouped in pages of `page_size` slots. Slot i
 executor indexes its KV tensors with; the scheduler only needs their count. A request grows its KV by
 first filling the unused slots of its last page, then taking whole new pages, as SGLang's paged allocator
 does, so a request always holds whole pages and `available_size()` is a multiple of the page size.
+
+Slot lists (a request's KV, a cache entry's value, the free list) are C arrays of unsigned 32-bit ints,
+not lists of Python ints: they are copied, handed over and freed by the thousand tokens, and an array
+moves bytes where a list would touch every int object it refers to. (Typecode "I": unlike the signed
+codes, its append converts an int without parsing a format string, as fast as a list's append.)
 """
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Iterable, Sequence
+
+SLOT_TYPECODE = "I"
+MAX_SLOTS = 1 << (8 * array(SLOT_TYPECODE).itemsize)  # slot ids must fit the array's items
+
+
+def new_slots(values: Iterable[int] = ()) -> array[int]:
+    """A slot list: an unsigned-int array (empty, or holding `values`)."""
+    return array(SLOT_TYPECODE, values)
 
 
 class OutOfSlots(RuntimeError):
@@ -16,29 +30,32 @@ class OutOfSlots(RuntimeError):
 
 
 class TokenPool:
-    """Free pages kept as a stack; pages never handed out yet come from a counter (cheap to build)."""
+    """Free pages kept as a stack; pages never handed out yet come from a counter (cheap to build).
+    Every method that hands out slots returns a new slot array the caller owns."""
 
     __slots__ = ("_fresh", "_returned", "num_pages", "page_size", "size")
 
     def __init__(self, size: int, page_size: int = 1) -> None:
         if size <= 0 or page_size <= 0:
             raise ValueError(f"pool size and page size must be positive, got {size} and {page_size}")
+        if size > MAX_SLOTS:
+            raise ValueError(f"a pool of {size} tokens is more than the {MAX_SLOTS} slot ids can number")
         self.page_size = page_size
         self.num_pages = size // page_size
         self.size = self.num_pages * page_size
         self._fresh = 0  # pages [_fresh, num_pages) were never allocated
-        self._returned: list[int] = []  # freed page ids, reused last-in first-out
+        self._returned = new_slots()  # freed page ids, reused last-in first-out
 
     def available_size(self) -> int:
         """Free token slots (whole free pages × page size)."""
         return (len(self._returned) + self.num_pages - self._fresh) * self.page_size
 
-    def _take_pages(self, n: int) -> list[int]:
+    def _take_pages(self, n: int) -> array[int]:
         if n <= 0:
-            return []  # (and never slice [-0:], which would be the whole free list)
+            return new_slots()  # (and never slice [-0:], which would be the whole free list)
         if n > len(self._returned) + self.num_pages - self._fresh:
             raise OutOfSlots(f"asked for {n} pages, {self.available_size() // self.page_size} free")
-        taken: list[int] = []
+        taken = new_slots()
         if self._returned:
             k = min(n, len(self._returned))
             taken = self._returned[-k:]
@@ -55,15 +72,15 @@ class TokenPool:
         room = (-held) % p  # unused slots left in its last page
         return -(-max(extra - room, 0) // p)
 
-    def alloc_extend(self, held: Sequence[int], extra: int) -> list[int]:
+    def alloc_extend(self, held: Sequence[int], extra: int) -> array[int]:
         """Slots for `extra` more tokens of a request that already holds `held` (in order)."""
         if extra <= 0:
-            return []
+            return new_slots()
         p = self.page_size
         if p == 1:
             return self._take_pages(extra)
         room = (-len(held)) % p
-        slots: list[int] = []
+        slots = new_slots()
         if room:
             last = held[-1]
             slots.extend(range(last + 1, last + 1 + min(room, extra)))
@@ -71,7 +88,7 @@ class TokenPool:
             slots.extend(range(page * p, page * p + p))
         return slots[:extra]
 
-    def alloc_decode(self, count: int) -> list[int]:
+    def alloc_decode(self, count: int) -> array[int]:
         """One slot each for `count` requests at page size 1 (the common decode case, one slice)."""
         return self._take_pages(count)
 
@@ -86,7 +103,7 @@ class TokenPool:
 
     def clear(self) -> None:
         self._fresh = 0
-        self._returned = []
+        self._returned = new_slots()
 
 
 class ReqSlotPool:

@@ -12,10 +12,12 @@ Contract, in short:
 from __future__ import annotations
 
 import heapq
+from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
-from kvadmit.memory.pool import TokenPool
+from kvadmit.memory.pool import TokenPool, new_slots
 
 if TYPE_CHECKING:
     from kvadmit.request import Req
@@ -24,7 +26,7 @@ if TYPE_CHECKING:
 @dataclass(slots=True, eq=False)
 class RadixNode:
     key: list[int]
-    value: list[int]
+    value: array[int]  # pool slots of the key's tokens
     parent: RadixNode | None
     children: dict[object, RadixNode]
     lock_ref: int = 0
@@ -32,18 +34,18 @@ class RadixNode:
 
 
 class MatchResult(NamedTuple):
-    value: list[int]  # pool slots of the matched prefix
+    value: array[int]  # pool slots of the matched prefix (a new array)
     last_node: RadixNode  # deepest matched node (the root when nothing matched)
 
 
-def _common_len(a: list[int], b: list[int], page: int) -> int:
-    """Length of the common prefix of a and b, rounded down to a whole page."""
-    n = min(len(a), len(b))
-    # Compare without copying the shorter side (slices copy).
-    if (a if len(a) == n else a[:n]) == (b if len(b) == n else b[:n]):
+def _common_len(node_key: list[int], key: list[int], pos: int, end: int, page: int) -> int:
+    """Length of the common prefix of node_key and key[pos:end], rounded down to a whole page."""
+    n = min(len(node_key), end - pos)
+    part = key[pos : pos + n]  # one copy, compared at C speed (an equal prefix is the common case)
+    if (node_key if len(node_key) == n else node_key[:n]) == part:
         return n - n % page
     i = 0
-    while a[i] == b[i]:
+    while node_key[i] == part[i]:
         i += 1
     return i - i % page
 
@@ -61,7 +63,7 @@ class RadixCache:
 
     # ----- structure -------------------------------------------------------------------------
     def reset_tree(self) -> None:
-        self.root = RadixNode(key=[], value=[], parent=None, children={}, lock_ref=1)
+        self.root = RadixNode(key=[], value=new_slots(), parent=None, children={}, lock_ref=1)
         self._evictable = 0
         self._protected = 0
         self._nodes = 0
@@ -82,8 +84,9 @@ class RadixCache:
         self.evict(self._evictable)
         self.reset_tree()
 
-    def _child_key(self, key: list[int]) -> object:
-        return key[0] if self.page_size == 1 else tuple(key[: self.page_size])
+    def _child_key(self, key: list[int], pos: int = 0) -> object:
+        """The children-dict key of key[pos:]: its first token, or its first page as a tuple."""
+        return key[pos] if self.page_size == 1 else tuple(key[pos : pos + self.page_size])
 
     def _split(self, child: RadixNode, at: int) -> RadixNode:
         """Split `child` so that a new node holds its first `at` tokens; returns the new node."""
@@ -111,66 +114,86 @@ class RadixCache:
     def protected_size(self) -> int:
         return self._protected
 
-    def match_prefix(self, key: list[int]) -> MatchResult:
-        """Longest cached prefix of `key` (page aligned). Splits a node the match ends inside."""
+    def match_prefix(self, key: list[int], end: int | None = None) -> MatchResult:
+        """Longest cached prefix of `key[:end]` (page aligned). Splits a node the match ends inside."""
         self._tick += 1
-        if len(key) % self.page_size:
-            key = key[: len(key) - len(key) % self.page_size]
+        end = len(key) if end is None else min(end, len(key))
+        end -= end % self.page_size  # only whole pages match
         node = self.root
-        value: list[int] = []
-        while key:
-            child = node.children.get(self._child_key(key))
+        value = new_slots()
+        pos = 0  # key[:pos] is matched (walking an offset, not ever shorter copies of the key)
+        while pos < end:
+            child = node.children.get(self._child_key(key, pos))
             if child is None:
                 break
             child.last_access = self._tick
             self._offer(child)
-            n = _common_len(child.key, key, self.page_size)
+            n = _common_len(child.key, key, pos, end, self.page_size)
             if n == 0:
                 break
             if n < len(child.key):
                 child = self._split(child, n)
             value.extend(child.value)
             node = child
-            key = key[n:]
+            pos += n
         return MatchResult(value, node)
 
     # ----- updates ---------------------------------------------------------------------------
-    def insert(self, key: list[int], value: list[int]) -> int:
+    def insert(self, key: list[int], value: Sequence[int]) -> int:
         """Insert key → value; returns how many leading tokens were already cached (their slots in
         `value` are now duplicates the caller must free). New tokens start unlocked (evictable)."""
-        return self._insert(key, value)[0]
+        return self._insert(self.root, key, value if isinstance(value, array) else new_slots(value))[0]
 
-    def _insert(self, key: list[int], value: list[int]) -> tuple[int, RadixNode, list[int]]:
-        """insert(), also returning the node the key ends at and the cached slots of its first part."""
+    def _insert(
+        self, start: RadixNode, key: list[int], value: array[int], owns_key: bool = False
+    ) -> tuple[int, RadixNode, list[RadixNode]]:
+        """insert() below `start`: `key` continues the tokens its path from the root spells (which a
+        walk from the root would match whole, so only its nodes' access times are refreshed, in the
+        walk's order). Returns how many leading tokens of `key` were already cached, the node the key
+        ends at and the nodes below `start` that held that cached part (in order: their values are its
+        slots). `value` may be longer than `key`; `owns_key`: a new node may keep the key list itself
+        (no one changes it: node keys are replaced, never changed in place)."""
         self._tick += 1
-        node = self.root
-        done = 0
-        cached: list[int] = []
-        while key:
-            child = node.children.get(self._child_key(key))
+        path: list[RadixNode] = []
+        node = start
+        while node is not self.root:
+            assert node.parent is not None
+            path.append(node)
+            node = node.parent
+        for node in reversed(path):
+            node.last_access = self._tick
+            self._offer(node)
+        node = start
+        pos = 0  # key[:pos] is already cached
+        matched: list[RadixNode] = []
+        while pos < len(key):
+            child = node.children.get(self._child_key(key, pos))
             if child is None:
                 break
             child.last_access = self._tick
             self._offer(child)
-            n = _common_len(child.key, key, self.page_size)
+            n = _common_len(child.key, key, pos, len(key), self.page_size)
             if n == 0:
                 break
             if n < len(child.key):
                 child = self._split(child, n)
-            done += n
-            cached.extend(child.value)
+            pos += n
+            matched.append(child)
             node = child
-            key = key[n:]
-            value = value[n:]
-        if key:
-            new = RadixNode(key=list(key), value=list(value), parent=node, children={})
+        if pos < len(key):
+            new = RadixNode(
+                key=key if owns_key and pos == 0 else key[pos:],
+                value=value[pos : len(key)],
+                parent=node,
+                children={},
+            )
             new.last_access = self._tick
             node.children[self._child_key(new.key)] = new
-            self._evictable += len(key)
+            self._evictable += len(new.key)
             self._nodes += 1
             self._offer(new)
             node = new
-        return done, node, cached
+        return pos, node, matched
 
     def inc_lock_ref(self, node: RadixNode) -> None:
         while node is not self.root:
@@ -230,12 +253,17 @@ class RadixCache:
         request's lock to it; the request keeps owning its unaligned tail."""
         kv_len = len(req.kv)
         aligned = kv_len - kv_len % self.page_size
-        already, node, cached = self._insert(_head(req, aligned), req.kv[:aligned])
-        # Slots [cached_len, already) computed tokens another request had cached meanwhile: drop ours
+        done = req.cached_len  # the tokens its locked node spells
+        tail = _tokens(req, done, aligned)
+        already, node, matched = self._insert(self._start(req), tail, req.kv[done:aligned], owns_key=True)
+        # Slots [done, done + already) computed tokens another request had cached meanwhile: drop ours
         # and use the cache's.
-        if already > req.cached_len:
-            self.pool.free(req.kv[req.cached_len : already])
-            req.kv[req.cached_len : already] = cached[req.cached_len :]
+        if already:
+            self.pool.free(req.kv[done : done + already])
+            cached = new_slots()
+            for m in matched:
+                cached.extend(m.value)
+            req.kv[done : done + already] = cached
         if req.last_node is not None:
             self.dec_lock_ref(req.last_node)
         self.inc_lock_ref(node)
@@ -246,12 +274,19 @@ class RadixCache:
         """A request ended normally: cache its computed tokens (page aligned), free the rest, unlock."""
         kv_len = len(req.kv)
         aligned = kv_len - kv_len % self.page_size
-        already = self.insert(_head(req, aligned), req.kv[:aligned])
-        if already > req.cached_len:
-            self.pool.free(req.kv[req.cached_len : already])
+        done = req.cached_len
+        tail = _tokens(req, done, aligned)
+        already = self._insert(self._start(req), tail, req.kv[done:aligned], owns_key=True)[0]
+        if already:
+            self.pool.free(req.kv[done : done + already])
         if kv_len > aligned:
             self.pool.free(req.kv[aligned:])
         self._unlock(req)
+
+    def _start(self, req: Req) -> RadixNode:
+        """Where inserting the request's tokens past its cached prefix starts: the node it locks, whose
+        path from the root spells exactly that prefix (req.cached_len tokens)."""
+        return req.last_node if req.last_node is not None else self.root
 
     def release_req(self, req: Req) -> None:
         """Retraction or abort: free the request's own slots without caching them; its cached prefix
@@ -264,7 +299,7 @@ class RadixCache:
         if req.last_node is not None:
             self.dec_lock_ref(req.last_node)
         req.last_node = None
-        req.kv = []
+        req.kv = new_slots()
         req.cached_len = 0
 
 
@@ -273,8 +308,8 @@ class NoPrefixCache(RadixCache):
 
     enabled = False
 
-    def match_prefix(self, key: list[int]) -> MatchResult:
-        return MatchResult([], self.root)
+    def match_prefix(self, key: list[int], end: int | None = None) -> MatchResult:
+        return MatchResult(new_slots(), self.root)
 
     def insert(self, key: list[int], value: list[int]) -> int:
         raise RuntimeError("the prefix cache is disabled")
@@ -286,9 +321,12 @@ class NoPrefixCache(RadixCache):
         self.release_req(req)
 
 
-def _head(req: Req, n: int) -> list[int]:
-    """The first n tokens of prompt + outputs, copying only what is needed."""
+def _tokens(req: Req, start: int, end: int) -> list[int]:
+    """Tokens [start, end) of prompt + outputs, as a list a cache node may keep: a fresh copy of only
+    those tokens, or the whole prompt itself (a prompt never changes, nor does a node's key)."""
     prompt = req.origin_input_ids
-    if n <= len(prompt):
-        return prompt[:n]
-    return prompt + req.output_ids[: n - len(prompt)]
+    if end <= len(prompt):
+        return prompt if start == 0 and end == len(prompt) else prompt[start:end]
+    if start >= len(prompt):
+        return req.output_ids[start - len(prompt) : end - len(prompt)]
+    return prompt[start:] + req.output_ids[: end - len(prompt)]

@@ -44,8 +44,8 @@ def prepare_candidate(req: Req, cache: RadixCache, continuing_chunk: bool = Fals
     if continuing_chunk:
         req.prefix_len = len(req.kv)
     else:
-        prompt, outputs = req.origin_input_ids, req.output_ids
-        match = cache.match_prefix((prompt + outputs)[:-1] if outputs else prompt[:-1])
+        key = req.fill_ids() if req.output_ids else req.origin_input_ids  # (no copy of a bare prompt)
+        match = cache.match_prefix(key, len(key) - 1)
         req.match_node = match.last_node
         req.match_slots = match.value
         req.prefix_len = len(match.value)
@@ -272,7 +272,7 @@ class AdmissionPass:
         if req.retraction_count == 0:
             req.cached_tokens = req.prefix_len
         req.last_node = req.match_node
-        req.kv = list(req.match_slots)
+        req.kv = req.match_slots[:]  # a copy: the request's own slot array grows from here
         req.cached_len = len(req.match_slots)
         self.can_run_list.append(req)
         self._charge(req.prefix_len, extend, reserved)

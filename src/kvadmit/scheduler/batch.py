@@ -7,7 +7,13 @@ holds back (reference §1.3, confirmed in the scheduler's code). This class does
 
 from __future__ import annotations
 
+import heapq
+from typing import TYPE_CHECKING
+
 from kvadmit.request import Req
+
+if TYPE_CHECKING:
+    from array import array
 
 # Relative error of one floating-point operation, doubled for safety (2^-52 rather than 2^-53).
 _ULP = 2.0**-52
@@ -21,12 +27,16 @@ class RunningBatch:
     clipped remainders for the two kinds; `fast_reservation` turns them into the float total in O(1).
     A decode step gives every request one token, so each sum shrinks by the number of its requests at or
     below the clip: all of them but the few (max_new_tokens > clip) still above it, listed in `_above`.
+    For the same reason the decode step at which a request reaches max_new_tokens is known when it
+    joins: a heap of those steps tells `reached_length` who is due without scanning the batch.
     """
 
     __slots__ = (
         "_above",
-        "_min_left",
+        "_due",
         "_n_full",
+        "_pushed",
+        "_steps",
         "_sum_full",
         "_sum_ratio",
         "batch_is_full",
@@ -44,12 +54,16 @@ class RunningBatch:
         self.reqs: list[Req] = []
         # Parallel to reqs, for the decode step's C-speed appends: each request's output and KV lists.
         self.outs: list[list[int]] = []
-        self.kvs: list[list[int]] = []
+        self.kvs: list[array[int]] = []
         self._sum_full = 0
         self._sum_ratio = 0
         self._n_full = 0  # requests reserving in full (ignore_eos under 0.5.22)
         self._above: list[Req] = []  # requests whose remainder is still above the clip
-        self._min_left = 1 << 62  # a lower bound on any request's max_new_tokens − outputs
+        self._steps = 0  # decode steps taken (after_decode_step calls)
+        # (the decode step at which max_new_tokens − outputs reaches 0, push count, request); entries of
+        # requests that have left the batch stay until their step comes and are skipped then.
+        self._due: list[tuple[int, int, Req]] = []
+        self._pushed = 0
         if reqs:
             self.extend(reqs)
 
@@ -76,16 +90,20 @@ class RunningBatch:
             self.kvs.append(req.kv)
             self._count(req, +1)
             left = req.sampling.max_new_tokens - len(req.output_ids)
-            self._min_left = min(self._min_left, left)
+            self._push_due(req, left)
             if left > self.clip:
                 self._above.append(req)
+
+    def _push_due(self, req: Req, left: int) -> None:
+        heapq.heappush(self._due, (self._steps + left, self._pushed, req))
+        self._pushed += 1
 
     def replace(self, reqs: list[Req]) -> None:
         """Keep exactly `reqs`, in this order (after filtering or retraction)."""
         self.reqs, self.outs, self.kvs = [], [], []
         self._sum_full = self._sum_ratio = self._n_full = 0
         self._above = []
-        self._min_left = 1 << 62
+        self._due = []
         self.extend(reqs)
 
     def drop_at(self, positions: list[int]) -> None:
@@ -111,17 +129,23 @@ class RunningBatch:
         self._above = still_above
         self._sum_full -= self._n_full - above_full
         self._sum_ratio -= len(self.reqs) - self._n_full - above_ratio
-        self._min_left -= 1
+        self._steps += 1
 
     def reached_length(self) -> list[int]:
-        """Indices of requests that have as many outputs as max_new_tokens allows (usually none: the
-        scan runs only when the lower bound says one may have)."""
-        if self._min_left > 0:
-            return []
-        left = [r.sampling.max_new_tokens - len(r.output_ids) for r in self.reqs]
-        live = [n for n, r in zip(left, self.reqs, strict=True) if n > 0 and r.finished_reason is None]
-        self._min_left = min(live, default=1 << 62)
-        return [i for i, n in enumerate(left) if n <= 0]
+        """Indices (ascending) of the live requests that have as many outputs as max_new_tokens allows:
+        those whose due step has come (usually none)."""
+        due = self._due
+        found: list[int] = []
+        while due and due[0][0] <= self._steps:
+            req = heapq.heappop(due)[2]
+            if req.finished_reason is not None:
+                continue  # it ended (and left the batch, or leaves it at the next pass)
+            left = req.sampling.max_new_tokens - len(req.output_ids)
+            # Due again next step (left ≤ 0) if it is still running then; never earlier than its remainder.
+            self._push_due(req, max(left, 1))
+            if left <= 0:
+                found.append(self.reqs.index(req))
+        return sorted(found)
 
     def fast_reservation(self, ratio: float) -> tuple[float, float]:
         """(Σ reservations, a bound on its distance from SGLang's batch-order float sum)."""

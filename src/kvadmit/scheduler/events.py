@@ -22,6 +22,23 @@ class PrefillBatchStats:
     hit_tokens_for_rate: int  # cached tokens of non-retracted requests (for sglang:cache_hit_rate)
     input_tokens_for_rate: int
 
+    def with_queue(self, queue_req: int) -> PrefillBatchStats:
+        """The same stats with another queue length (dataclasses.replace, without its field-by-field
+        introspection: this runs once per prefill step)."""
+        return PrefillBatchStats(
+            self.new_seq,
+            self.new_token,
+            self.cached_token,
+            self.num_used_tokens,
+            self.token_usage,
+            self.running_req,
+            queue_req,
+            self.pending_token,
+            self.new_token_ratio,
+            self.hit_tokens_for_rate,
+            self.input_tokens_for_rate,
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class DecodeBatchStats:

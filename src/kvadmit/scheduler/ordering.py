@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import random
 
-from kvadmit.memory.pool import TokenPool
+from kvadmit.memory.pool import TokenPool, new_slots
 from kvadmit.memory.radix import RadixCache
 from kvadmit.request import Req
 
@@ -55,5 +55,5 @@ class QueueOrder:
                 if shared >= IN_BATCH_PREFIX_CACHING_DEPRIORITIZE_THRESHOLD:
                     deferred.add(id(req))
                 else:
-                    in_batch.insert(key, [0] * len(key))
+                    in_batch.insert(key, new_slots([0]) * len(key))
         waiting.sort(key=lambda r: float("inf") if id(r) in deferred else -matched[id(r)])

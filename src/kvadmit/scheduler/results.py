@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from dataclasses import replace
 
 from kvadmit.memory.pool import ReqSlotPool, TokenPool
 from kvadmit.memory.radix import RadixCache
@@ -65,7 +64,7 @@ class StepResults:
             if not req.finished:
                 self.cache.cache_unfinished_req(req)
         assert batch.stats is not None
-        self.events.append(replace(batch.stats, queue_req=len(self.waiting)))  # the queue at log time
+        self.events.append(batch.stats.with_queue(len(self.waiting)))  # the queue at log time
 
     def _finish_chunked_abort(self, req: Req, outcome: StepOutcome) -> None:
         self.chunked_req = None
@@ -83,9 +82,7 @@ class StepResults:
         if self.stop_checker is not None:
             maybe = range(len(reqs))
         else:
-            candidates = running.reached_length()
-            for stop in self._stop_token_union.intersection(tokens):
-                candidates += _positions(tokens, stop)
+            candidates = running.reached_length() + self._stop_positions(tokens)
             if self._abort_rids:
                 candidates += [i for i, r in enumerate(reqs) if r.rid in self._abort_rids]
             maybe = sorted(set(candidates))
@@ -109,6 +106,15 @@ class StepResults:
                 )
             )
             self._generated_since_log = 0
+
+    def _stop_positions(self, tokens: list[int]) -> list[int]:
+        """Positions of `tokens` that are a stop token id of any request. With a few stop ids (EOS and
+        the like), C-speed scans for each beat hashing every token of the batch."""
+        union = self._stop_token_union
+        found: list[int] = []
+        for stop in union if len(union) <= 4 else union.intersection(tokens):
+            found += _positions(tokens, stop)
+        return found
 
     def _append_token(self, req: Req, token: int, outcome: StepOutcome) -> None:
         req.output_ids.append(token)

@@ -15,6 +15,7 @@ It never reads a clock and never imports torch; the same inputs give the same de
 
 from __future__ import annotations
 
+from array import array
 from collections import deque
 from collections.abc import Callable
 
@@ -389,7 +390,7 @@ class Scheduler(StepResults):
             return None
         if self.page_size == 1:
             slots = self.pool.alloc_decode(len(running.reqs))
-            deque(map(list.append, running.kvs, slots), maxlen=0)
+            deque(map(array.append, running.kvs, slots), maxlen=0)
         else:
             for req in running.reqs:
                 self._alloc_kv(req, 1)

@@ -4,8 +4,9 @@ ITL gap per later token as the native backend streams them, end-to-end latency).
 
 Token times are not recorded token by token. A running request gets a token in every decode step from
 the one after its prefill until it ends or is retracted, so its token times are its prefill times plus
-contiguous runs of the decode steps' end times; the client keeps those runs and turns them into gaps when
-the request ends (the same float subtractions a per-token record would make).
+contiguous runs of the decode steps' end times; the client keeps those runs and, once the run is over,
+turns every request's into gaps in one vectorised pass (`fill_token_times`: the same float subtractions a
+per-token record would make).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from kvadmit.engine import Engine, VirtualClock
 from kvadmit.request import FinishKind, Req, SamplingLimits
 from kvadmit.scheduler.events import Event, Retraction
 from kvadmit.scheduler.types import ScheduledBatch
+from kvadmit.sim.token_times import Piece, gather_gaps
 from kvadmit.sim.workload import SimRequest
 
 
@@ -29,7 +31,7 @@ class _Flight:
     outcome: RequestOutcome | None  # None for warm-up requests
     sent: float
     # Token times as pieces: a float (a prefill's token) or (first, last) decode-step indices.
-    pieces: list[float | tuple[int, int]] = field(default_factory=list)
+    pieces: list[Piece] = field(default_factory=list)
     decoding_from: int = -1  # the decode step index its current run starts at, or −1
 
 
@@ -42,6 +44,7 @@ class SimClient:
         self.engine = engine
         self.clock = clock
         self.vocab_size = vocab_size
+        self._token_ids = list(range(vocab_size))  # prompts are slices of it (one int object per id)
         # When each free slot of the concurrency limit became free (FIFO, like bench_serving's semaphore);
         # without a limit every request finds a slot the moment it arrives.
         self.free_slots: deque[float] | None = (
@@ -55,6 +58,7 @@ class SimClient:
         self.warmup_errors: list[str] = []
         self._decode_times = np.empty(4096)  # end times of the decode steps so far (first n_decode)
         self.n_decode = 0
+        self._succeeded: list[tuple[_Flight, RequestOutcome]] = []  # token times not yet filled in
 
     def schedule(self, arrival: float, spec: SimRequest, outcome: RequestOutcome | None, rid: str) -> None:
         self.queue.append((arrival, rid, spec, outcome))
@@ -73,7 +77,7 @@ class SimClient:
             sent = arrival if slots is None else max(arrival, slots.popleft())
             req = Req(
                 rid=rid,
-                origin_input_ids=spec.prompt(self.vocab_size),
+                origin_input_ids=spec.prompt(self.vocab_size, self._token_ids),
                 sampling=SamplingLimits(max_new_tokens=spec.max_new_tokens, ignore_eos=spec.ignore_eos),
             )
             if outcome is not None:
@@ -138,19 +142,18 @@ class SimClient:
             out.success = False
             out.error = reason.message
             return
-        times = self._token_times(flight)
         out.success = True
-        out.ttft = times[0] - flight.sent
-        out.itl = np.diff(times) if len(times) > 1 else np.empty(0)
         out.output_len = len(req.output_ids)
         out.retokenized_output_len = out.output_len
+        self._succeeded.append((flight, out))  # its TTFT and ITL gaps: fill_token_times()
 
-    def _token_times(self, flight: _Flight) -> np.ndarray:
-        parts: list[np.ndarray] = []
-        decode = self._decode_times
-        for piece in flight.pieces:
-            if isinstance(piece, tuple):
-                parts.append(decode[piece[0] : piece[1] + 1])
-            else:
-                parts.append(np.asarray([piece], dtype=float))
-        return np.concatenate(parts) if parts else np.empty(0)
+    def fill_token_times(self) -> None:
+        """Set the TTFT and ITL gaps of every request that succeeded since the last call, in one
+        vectorised pass (the same float subtractions a per-request np.diff makes)."""
+        done, self._succeeded = self._succeeded, []
+        if not done:
+            return
+        firsts, gaps, bounds = gather_gaps(self._decode_times[: self.n_decode], [f.pieces for f, _ in done])
+        for k, (flight, out) in enumerate(done):
+            out.ttft = firsts[k] - flight.sent
+            out.itl = gaps[bounds[k] : bounds[k + 1]]  # a view; empty for a single token

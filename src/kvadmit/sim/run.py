@@ -170,6 +170,7 @@ def _simulate(
         if cfg.request_rate != float("inf"):
             arrival += float(rng.exponential(1.0 / cfg.request_rate))
     run_until_idle()
+    client.fill_token_times()
     duration = max((o.start_time + o.latency for o in outcomes), default=start) - start
     if request_trace is not None:
         for spec, o in zip(specs, outcomes, strict=True):

@@ -27,14 +27,17 @@ class SimRequest:
     # random.py in the PyPI wheel), not spelled out in the reference.
     offset: int
 
-    def prompt(self, vocab_size: int) -> list[int]:
-        """Token j is (offset + index + j) % vocab_size, built from whole ranges."""
-        tokens: list[int] = []
+    def prompt(self, vocab_size: int, token_ids: list[int] | None = None) -> list[int]:
+        """Token j is (offset + index + j) % vocab_size, built from whole ranges.
+
+        `token_ids` (= list(range(vocab_size)), built once by the caller) makes this a few slices of
+        existing int objects instead of a thousand new ones.
+        """
+        ids = token_ids if token_ids is not None else list(range(vocab_size))
         start = (self.offset + self.index) % vocab_size
-        while len(tokens) < self.prompt_len:
-            take = min(vocab_size - start, self.prompt_len - len(tokens))
-            tokens.extend(range(start, start + take))
-            start = 0
+        tokens = ids[start : start + self.prompt_len]
+        while len(tokens) < self.prompt_len:  # wrapped past the end of the vocabulary
+            tokens.extend(ids[: min(vocab_size, self.prompt_len - len(tokens))])
         return tokens
 
 
