@@ -1,4 +1,5 @@
-"""Dependencies point down (DESIGN.md): the scheduler, capacity, simulator and CLI never import torch."""
+"""Dependencies point down (DESIGN.md): the scheduler, capacity, simulator, bench client and CLI never
+import torch."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import sys
 def test_the_core_imports_without_torch() -> None:
     code = (
         "import sys, kvadmit.cli, kvadmit.scheduler.scheduler, kvadmit.capacity.answer, kvadmit.sim.run, "
-        "kvadmit.engine; print('torch' in sys.modules)"
+        "kvadmit.engine, kvadmit.bench.run, kvadmit.bench.metrics; print('torch' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert out.stdout.strip() == "False"
