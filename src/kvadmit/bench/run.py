@@ -9,13 +9,14 @@ is in flight and prints the summary of the requests that finished.
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import sys
 import time
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-import httpx
+import aiohttp
 from tqdm import tqdm
 
 from kvadmit.bench.backends import BACKENDS, PayloadOptions
@@ -70,43 +71,56 @@ def run_bench(cfg: BenchConfig, out: IO[str] | None = None, err: IO[str] | None 
     return asyncio.run(_run(cfg, out or sys.stdout, err or sys.stderr))
 
 
+async def _fetch(http: aiohttp.ClientSession, method: str, url: str, timeout_s: float) -> tuple[int, Any]:
+    """(status, the JSON body or None); transport errors raise."""
+    async with http.request(method, url, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+        raw = await resp.read()
+    try:
+        return resp.status, json.loads(raw) if resp.status == 200 and raw else None
+    except ValueError:
+        return resp.status, None
+
+
 async def wait_ready(
-    http: httpx.AsyncClient, base: str, timeout_s: float, err: IO[str]
+    http: aiohttp.ClientSession, base: str, timeout_s: float, err: IO[str]
 ) -> dict[str, Any] | None:
     """Poll /v1/models until the server answers (any status); its model list when it answered 200."""
     deadline = time.monotonic() + timeout_s
     told = False
     while True:
         try:
-            resp = await http.get(f"{base}/v1/models", timeout=5.0)
-        except httpx.HTTPError as e:
+            _, body = await _fetch(http, "GET", f"{base}/v1/models", 5.0)
+        except (aiohttp.ClientError, asyncio.TimeoutError) as e:
             if time.monotonic() >= deadline:
                 waited = f" (waited {timeout_s:g} s)" if timeout_s > 0 else ""
-                raise BenchError(f"cannot reach the server at {base}: {describe(e)}{waited}") from None
-            if not told:
+                raise BenchError(f"cannot reach the server at {base}: {_why(e)}{waited}") from None
+            if not told and err.isatty():  # a note for people; scripts get the one error line
                 print(f"waiting up to {timeout_s:g} s for the server at {base} ...", file=err)
                 told = True
             await asyncio.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
             continue
-        if resp.status_code == 200:
-            try:
-                body = resp.json()
-            except ValueError:
-                return None
-            return body if isinstance(body, dict) else None
-        return None
+        return body if isinstance(body, dict) else None
 
 
-async def _get_json(http: httpx.AsyncClient, url: str) -> Any:
+def _why(e: BaseException) -> str:
+    if isinstance(e, aiohttp.ClientConnectorError):
+        if isinstance(e.os_error, ConnectionRefusedError):
+            return "connection refused"
+        return e.os_error.strerror or describe(e.os_error)
+    if isinstance(e, asyncio.TimeoutError):
+        return "no answer within 5 s"
+    return describe(e)
+
+
+async def _get_json(http: aiohttp.ClientSession, url: str) -> Any:
     try:
-        resp = await http.get(url, timeout=10.0)
-        return resp.json() if resp.status_code == 200 else None
-    except (httpx.HTTPError, ValueError):
+        return (await _fetch(http, "GET", url, 10.0))[1]
+    except (aiohttp.ClientError, asyncio.TimeoutError):
         return None
 
 
 async def _prepare(
-    cfg: BenchConfig, http: httpx.AsyncClient, err: IO[str]
+    cfg: BenchConfig, http: aiohttp.ClientSession, err: IO[str]
 ) -> tuple[str, BenchTokenizer, list[DatasetRow], Any]:
     base = cfg.server_url
     models = await wait_ready(http, base, cfg.ready_check_timeout_s, err)
@@ -150,8 +164,8 @@ async def _run(cfg: BenchConfig, out: IO[str], err: IO[str]) -> int:
             print(f"Warmup completed with {cfg.warmup_requests} sequences.", file=err)
         if cfg.flush_cache:
             try:
-                await http.post(f"{cfg.server_url}/flush_cache", timeout=30.0)
-            except httpx.HTTPError as e:
+                await _fetch(http, "POST", f"{cfg.server_url}/flush_cache", 30.0)
+            except (aiohttp.ClientError, asyncio.TimeoutError) as e:
                 print(f"could not flush the cache: {describe(e)}", file=err)
         await asyncio.sleep(PAUSE_AFTER_WARMUP_S)
 
