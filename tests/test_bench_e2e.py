@@ -167,6 +167,49 @@ def test_without_ignore_eos_output_counts_are_the_servers(
     wait_idle(sim)
 
 
+@pytest.mark.parametrize("backend", ["sglang", "sglang-oai", "sglang-oai-chat"])
+def test_without_streaming_ttft_is_the_whole_latency(
+    backend: str, sim: RunningServer, seen: list[tuple[str, Any]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    seen.clear()
+    rc, rows, _ = bench(capsys, sim.url, "--backend", backend, "--disable-stream", *RANDOM_IDS)
+    _, outs = drawn(9, 6, 40, 12)
+    assert rc == 0 and rows["Successful requests"] == "6"
+    assert int(rows["Total generated tokens"]) == sum(outs)
+    assert rows["Mean TTFT (ms)"] == rows["Mean E2E Latency (ms)"]
+    assert rows["Max ITL (ms)"] == "0.00"  # no chunks, no gaps
+    assert all(body["stream"] is False and "stream_options" not in body for _, body in seen)
+    wait_idle(sim)
+
+
+def test_generated_shared_prefix_prompts_share_the_cache(
+    sim: RunningServer, seen: list[tuple[str, Any]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    seen.clear()
+    args = [
+        "--dataset-name",
+        "generated-shared-prefix",
+        "--gsp-num-groups",
+        "2",
+        "--gsp-prompts-per-group",
+        "3",
+        "--gsp-system-prompt-len",
+        "64",
+        "--gsp-question-len",
+        "8",
+        "--gsp-output-len",
+        "5",
+    ]
+    rc, rows, _ = bench(capsys, sim.url, *args)
+    assert rc == 0 and rows["Successful requests"] == "6"
+    assert int(rows["Total generated tokens"]) == 6 * 5
+    texts = [body["text"] for _, body in seen[1:]]
+    # the recorded input counts are the prompts' byte-token counts (the server's tokenizer)
+    assert int(rows["Total input tokens"]) == sum(len(t.encode()) for t in texts)
+    assert len({t.split("\n\n")[0] for t in texts}) <= 2
+    wait_idle(sim)
+
+
 def test_failed_requests_are_counted_and_the_first_errors_shown(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
