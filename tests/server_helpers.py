@@ -72,9 +72,35 @@ class _ListHandler(logging.Handler):
         self.lines.append(record.getMessage())
 
 
+class RecordBodies:
+    """ASGI middleware that appends (path, JSON body) for every POST the server receives."""
+
+    def __init__(self, app: Any, seen: list[tuple[str, Any]]) -> None:
+        self.app = app
+        self.seen = seen
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        parts: list[bytes] = []
+
+        async def recording_receive() -> Any:
+            message = await receive()
+            if message["type"] == "http.request":
+                parts.append(message.get("body", b""))
+                if not message.get("more_body"):
+                    raw = b"".join(parts)
+                    self.seen.append((scope["path"], json.loads(raw) if raw else None))
+            return message
+
+        await self.app(scope, recording_receive, send)
+
+
 @contextmanager
-def running_server(argv: list[str]) -> Iterator[RunningServer]:
-    """`kvadmit serve ARGV` on 127.0.0.1:<free port>; stops it (and checks the engine thread ended)."""
+def running_server(argv: list[str], seen: list[tuple[str, Any]] | None = None) -> Iterator[RunningServer]:
+    """`kvadmit serve ARGV` on 127.0.0.1:<free port>; stops it (and checks the engine thread ended).
+    With `seen`, every POST body the server receives is appended to it as (path, JSON)."""
     import uvicorn
 
     from kvadmit.cli import build_parser, server_args_from
@@ -93,7 +119,10 @@ def running_server(argv: list[str]) -> Iterator[RunningServer]:
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-        server = uvicorn.Server(uvicorn.Config(create_app(state), log_level="warning", lifespan="off"))
+        app: Any = create_app(state)
+        if seen is not None:
+            app = RecordBodies(app, seen)
+        server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
         thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
         thread.start()
         deadline = time.monotonic() + 30

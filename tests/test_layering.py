@@ -1,5 +1,5 @@
-"""Dependencies point down (DESIGN.md): the scheduler, capacity, simulator, doctor and CLI never import
-torch."""
+"""Dependencies point down (DESIGN.md): the scheduler, capacity, simulator, doctor, bench client and CLI
+never import torch."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ def test_the_core_imports_without_torch() -> None:
     code = (
         "import sys, kvadmit.cli, kvadmit.scheduler.scheduler, kvadmit.capacity.answer, kvadmit.sim.run, "
         "kvadmit.engine, kvadmit.doctor.diagnose, kvadmit.doctor.report, kvadmit.doctor.html, "
-        "kvadmit.doctor.watch; print('torch' in sys.modules)"
+        "kvadmit.doctor.watch, kvadmit.bench.run, kvadmit.bench.metrics; print('torch' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert out.stdout.strip() == "False"

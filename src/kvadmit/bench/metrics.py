@@ -41,15 +41,16 @@ class BenchmarkMetrics:
     max_output_tokens_per_s: float
     max_concurrent_requests: int
     concurrency: float
-    e2e_ms: dict[str, float]  # mean, median, p90, p95, p99
+    e2e_ms: dict[str, float]  # mean, median, p90, p95, p99, std
     ttft_ms: dict[str, float]
     tpot_ms: dict[str, float]
     itl_ms: dict[str, float]  # … and max
 
 
 def _stats(values: Sequence[float], with_max: bool = False, scratch: bool = False) -> dict[str, float]:
-    """Mean, median and percentiles in ms; an empty list counts as [0], as bench_serving's `or 0` does.
-    `scratch`: `values` is an array the caller no longer needs, partitioned in place (no copy)."""
+    """Mean, median, percentiles and standard deviation in ms; an empty list counts as [0], as
+    bench_serving's `or 0` does. `scratch`: `values` is an array the caller no longer needs, partitioned
+    in place (no copy)."""
     arr = np.asarray(values, dtype=float) if len(values) else np.zeros(1)
     mean, top = float(np.mean(arr)), float(np.max(arr))  # (before the partition reorders a scratch array)
     # np.median is the 50th percentile (linear interpolation), so one partition serves all four.
@@ -60,6 +61,7 @@ def _stats(values: Sequence[float], with_max: bool = False, scratch: bool = Fals
         "p90": float(p90) * 1000,
         "p95": float(p95) * 1000,
         "p99": float(p99) * 1000,
+        "std": float(np.std(arr)) * 1000,  # population std (numpy's default), for the JSON line
     }
     if with_max:
         out["max"] = top * 1000

@@ -32,7 +32,7 @@ def render_summary(
     duration_s: float,
 ) -> str:
     """The block, starting with its blank line, without a trailing newline."""
-    rate: object = request_rate if request_rate != float("inf") else "inf"
+    rate = str(float(request_rate))  # bench_serving formats the rate with `{:<10}`: 20.0, not 20.00; inf
     lines = [
         "",
         f"{' Serving Benchmark Result ':=^50}",
