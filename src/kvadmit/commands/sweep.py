@@ -159,6 +159,7 @@ def _run_search(ns: argparse.Namespace, combos: list[dict[str, object]], workers
     from kvadmit.cli import simulate_config
     from kvadmit.sim.rate_search import RateSearch, Target
     from kvadmit.sim.sweep import parallel_map
+    from kvadmit.sim.sweep_report import LABELS
 
     if ns.target_ttft_ms is None and ns.target_tpot_ms is None:
         raise UsageError("--search-max-rate needs --target-ttft-ms and/or --target-tpot-ms")
@@ -177,10 +178,11 @@ def _run_search(ns: argparse.Namespace, combos: list[dict[str, object]], workers
     found = parallel_map(_search_one, jobs, workers)
     wall = time.perf_counter() - started
     keys = list(labels[0]) if labels else []
+    stat = target.statistic
+    head = [*(LABELS.get(k, k) for k in keys), "max req/s", f"TTFT {stat} ms", f"TPOT {stat} ms", "probes"]
     print(f"largest request rate meeting {target.describe()} ({ns.num_prompts} requests per probe)")
     print("")
-    print("| " + " | ".join([*keys, "max req/s", f"TTFT {target.statistic} ms", f"TPOT {target.statistic} ms",
-                             "probes"]) + " |")  # fmt: skip
+    print("| " + " | ".join(head) + " |")
     print("|" + " --- |" * len(keys) + " ---: | ---: | ---: | ---: |")
     for label, result in zip(labels, found, strict=True):
         assert isinstance(result, RateSearch)

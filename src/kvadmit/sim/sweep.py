@@ -55,14 +55,20 @@ class PointResult:
         return float(getattr(self, name))
 
 
+KV_SAMPLE_EVERY = 8  # decode steps between KV-usage samples (counting every request's KV costs O(batch))
+
+
 class _Watch:
-    """Per-step observer: when each request first reached a prefill, and decode-time averages."""
+    """Per-step observer: when each request first reached a prefill, and decode-time averages (the KV
+    held by running requests sampled every KV_SAMPLE_EVERY-th decode step, weighted by its duration)."""
 
     def __init__(self) -> None:
         self.first_prefill: dict[str, float] = {}
         self.decode_time = 0.0
-        self.kv_time = 0.0
         self.batch_time = 0.0
+        self.sampled_time = 0.0
+        self.kv_time = 0.0
+        self.decodes = 0
 
     def __call__(self, batch: ScheduledBatch, result: StepResult, now: float) -> None:
         if batch.kind == "prefill":
@@ -72,8 +78,11 @@ class _Watch:
             return
         s = result.seconds
         self.decode_time += s
-        self.kv_time += s * sum(map(len, [r.kv for r in batch.reqs]))
         self.batch_time += s * len(batch.reqs)
+        self.decodes += 1
+        if self.decodes % KV_SAMPLE_EVERY == 1:
+            self.sampled_time += s
+            self.kv_time += s * sum([len(r.kv) for r in batch.reqs])
 
 
 def _pct(values: Sequence[float], q: float) -> float:
@@ -109,7 +118,7 @@ def run_point(point: SweepPoint) -> PointResult:
         retractions_per_min=result.retractions / minutes,
         queue_mean_ms=float(np.mean(queue)) if queue else 0.0,
         queue_p99_ms=_pct(queue, 99),
-        kv_usage_mean=watch.kv_time / decode / pool,
+        kv_usage_mean=watch.kv_time / (watch.sampled_time or 1.0) / pool,
         running_mean=watch.batch_time / decode,
         duration_s=result.duration_s,
         wall_s=wall,
