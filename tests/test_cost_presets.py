@@ -138,3 +138,10 @@ def test_the_step_is_the_slower_of_memory_and_compute() -> None:
     p = PrefillCost(tokens_per_s=10_000, memory_ms=5)
     assert p.seconds(1, 10, 0) == pytest.approx(0.005)  # a tiny prefill still reads the weights
     assert p.seconds(1, 1000, 0) == pytest.approx(0.1)
+
+
+def test_serve_simulate_takes_a_preset() -> None:
+    from kvadmit.server.backend import simulated_backend
+
+    backend = simulated_backend("h200:qwen3-8b", None, 4096, None)
+    assert backend.model_path == "simulated:h200:qwen3-8b" and backend.simulated

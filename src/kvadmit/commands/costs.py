@@ -68,6 +68,7 @@ def render_calibration(cal: Calibration, all_lines: bool = False) -> list[str]:
         f"decode step  = {d.base_ms:.3f} ms + {d.per_request_ms:.5f} ms × #running-req "
         f"+ {d.per_kv_token_ms:.3g} ms × #token",
         f"prefill      = {p.base_ms:.3f} ms + tokens / {p.tokens_per_s:,.0f} tokens/s",
+        f"range        = {cal.coverage().removeprefix('seen: ')}",
         f"fit error    = predicted gen throughput off by {100 * sum(map(abs, errors)) / len(errors):.1f}% "
         f"on average, {100 * abs(errors[worst]):.1f}% at worst ({cal.windows[worst].where})",
     ]

@@ -76,6 +76,15 @@ class Calibration:
     def error(self, w: DecodeWindow) -> float:
         return self.predicted_gen_throughput(w) / w.gen_throughput - 1
 
+    def coverage(self) -> str:
+        """The range the decode fit saw; outside it the model extrapolates."""
+        b = [w.running_req for w in self.windows]
+        k = [w.num_used_tokens for w in self.windows]
+        return (
+            f"seen: #running-req {min(b)}–{max(b)}, #token {min(k):,}–{max(k):,} "
+            "(outside this range the model extrapolates)"
+        )
+
     def is_outlier(self, i: int) -> bool:
         return i in self.decode_fit.outliers
 
@@ -212,6 +221,7 @@ def _meta(cal: Calibration, names: list[str]) -> dict[str, object]:
         "notes": [
             f"fitted on {used} of {len(cal.windows)} Decode batch windows (terms: {', '.join(fit.terms)}); "
             f"--decode-log-interval {cal.decode_log_interval}",
+            cal.coverage(),
             *cal.notes,
         ],
         "fit": {

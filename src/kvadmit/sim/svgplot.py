@@ -45,7 +45,7 @@ def _fmt(v: float) -> str:
 
 
 def _panel(p: Panel, ox: float, oy: float) -> list[str]:
-    xs = [x for s in p.series for x, _ in s.points]
+    xs = [x for s in p.series for x, _ in s.points if math.isfinite(x)]
     ys = [y for s in p.series for _, y in s.points if math.isfinite(y)]
     xt = nice_ticks(max(xs, default=1.0))
     yt = nice_ticks(max(ys, default=1.0))
@@ -71,7 +71,7 @@ def _panel(p: Panel, ox: float, oy: float) -> list[str]:
     out.append(f'<text x="{x0 + w / 2:.1f}" y="{y0 + 32}" text-anchor="middle">{escape(p.x_label)}</text>')
     for i, s in enumerate(p.series):
         color = COLORS[i % len(COLORS)]
-        pts = [(sx(x), sy(y)) for x, y in s.points if math.isfinite(y)]
+        pts = [(sx(x), sy(y)) for x, y in s.points if math.isfinite(x) and math.isfinite(y)]
         if len(pts) > 1:
             path = " ".join(f"{x:.1f},{y:.1f}" for x, y in pts)
             out.append(f'<polyline points="{path}" fill="none" stroke="{color}" stroke-width="1.5"/>')
