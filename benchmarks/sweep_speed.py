@@ -101,8 +101,8 @@ def main() -> None:
     lines = [
         "# benchmarks/sweep_speed.py: kvadmit sweep points and sweeps",
         f"date: {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC",
-        f"machine: {cpu_model()}, {os.cpu_count()} cores (shared with other work); "
-        f"Python {platform.python_version()}",
+        f"machine: {cpu_model()}, {os.cpu_count()} cores shared with other work (load average "
+        f"{os.getloadavg()[0]:.1f} at the end of this run); Python {platform.python_version()}",
         f"cost model: {COST.name}; median of {ns.repeats} runs per point",
         "",
         "| one point: workload | requests | wall s (median) | target |",
