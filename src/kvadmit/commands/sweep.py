@@ -17,9 +17,6 @@ from collections.abc import Callable
 from kvadmit.config import ADMISSION_POLICIES, ServerArgs
 from kvadmit.errors import UsageError
 
-# flag dest → how one value is read ("none" reads as None: SGLang's default for that flag)
-SWEPT: dict[str, Callable[[str], object]] = {}
-
 
 def _maybe_int(text: str) -> int | None:
     return None if text.lower() in ("none", "default") else int(text)
@@ -31,15 +28,16 @@ def _policy(text: str) -> str:
     return text
 
 
-SWEPT.update(
-    schedule_conservativeness=float,
-    max_running_requests=_maybe_int,
-    max_total_tokens=_maybe_int,
-    chunked_prefill_size=_maybe_int,
-    admission_policy=_policy,
-    max_concurrency=_maybe_int,
-    request_rate=float,
-)
+# flag dest → how one value is read ("none" reads as None: SGLang's default for that flag)
+SWEPT: dict[str, Callable[[str], object]] = {
+    "schedule_conservativeness": float,
+    "max_running_requests": _maybe_int,
+    "max_total_tokens": _maybe_int,
+    "chunked_prefill_size": _maybe_int,
+    "admission_policy": _policy,
+    "max_concurrency": _maybe_int,
+    "request_rate": float,
+}
 LOADS = ("max_concurrency", "request_rate")
 
 
