@@ -7,10 +7,13 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
-from kvadmit.config import SCHEDULE_POLICIES, ConfigError, SchedulerKnobs, ServerArgs
+from kvadmit.config import ADMISSION_POLICIES, SCHEDULE_POLICIES, ConfigError, SchedulerKnobs, ServerArgs
 from kvadmit.errors import UsageError
+
+if TYPE_CHECKING:
+    from kvadmit.sim.run import SimConfig
 
 EXIT_USAGE = 2
 
@@ -74,6 +77,7 @@ def server_args_from(ns: argparse.Namespace) -> ServerArgs:
             random_seed=ns.random_seed,
             sglang_version=ns.sglang_version,
             knobs=SchedulerKnobs.from_environ(),
+            admission_policy=getattr(ns, "admission_policy", ServerArgs().admission_policy),
         )
         args.check_startup()
     except ConfigError as e:
@@ -136,7 +140,30 @@ def _simulate_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
         "admission, ratio and retraction decisions, a cost model for step times, a bench_serving-like "
         "client. Prints SGLang's log lines, then bench_serving's summary block.",
     )
+    add_simulate_flags(p)
+    o = p.add_argument_group("output")
+    o.add_argument("--quiet", action="store_true", help="print the summary only, not the log lines")
+    o.add_argument("--log-file", metavar="FILE", help="write the log lines here instead of stdout")
+    o.add_argument("--trace-requests", metavar="FILE", help="one JSON line per request")
+    o.add_argument("--trace-steps", metavar="FILE", help="one JSON line per step")
+    p.set_defaults(func=_run_simulate)
+
+
+def add_policy_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--admission-policy",
+        choices=ADMISSION_POLICIES,
+        default=ServerArgs().admission_policy,
+        help="sglang: SGLang's forecast (default); reserve-all: every request reserves its full "
+        "max_new_tokens; optimistic: no output reservation, preempt the newest when the pool fills "
+        "(as vLLM V1 does)",
+    )
+
+
+def add_simulate_flags(p: argparse.ArgumentParser) -> None:
+    """Server, workload and cost-model flags of `simulate` (also read by `sweep`)."""
     add_scheduler_flags(p)
+    add_policy_flag(p)
     w = p.add_argument_group("workload (bench_serving's flags)")
     w.add_argument("--backend", default="sglang", help="the name printed in the summary")
     w.add_argument("--num-prompts", type=int, default=1000)
@@ -166,24 +193,29 @@ def _simulate_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
         metavar="FILE",
         help="true output lengths, one integer per line (cycled), instead of a distribution",
     )
+    w.add_argument(
+        "--replay",
+        metavar="TRACE.jsonl",
+        help="send the requests of a trace (arrival, prompt_len, max_new_tokens, output_len, ignore_eos "
+        "per line, as --trace-requests writes) instead of drawing a workload",
+    )
     c = p.add_argument_group("cost model")
     c.add_argument("--decode-step-ms", type=float, default=20.0)
     c.add_argument("--prefill-throughput", type=float, default=10_000.0, help="prefill tokens/s")
-    c.add_argument("--cost-model", metavar="FILE", help="a JSON cost model (see executor/costmodel.py)")
-    o = p.add_argument_group("output")
-    o.add_argument("--quiet", action="store_true", help="print the summary only, not the log lines")
-    o.add_argument("--log-file", metavar="FILE", help="write the log lines here instead of stdout")
-    o.add_argument("--trace-requests", metavar="FILE", help="one JSON line per request")
-    o.add_argument("--trace-steps", metavar="FILE", help="one JSON line per step")
-    p.set_defaults(func=_run_simulate)
+    c.add_argument(
+        "--cost-model",
+        metavar="SPEC",
+        help="a JSON cost model (kvadmit calibrate / profile / cost-model write one), or a roofline "
+        "preset GPU:MODEL[:tp=N], e.g. h100:llama-3-8b (see kvadmit cost-model --list)",
+    )
 
 
-def _run_simulate(ns: argparse.Namespace) -> int:
-    from contextlib import ExitStack
-
-    from kvadmit.bench.summary import render_summary
+def simulate_config(ns: argparse.Namespace) -> SimConfig:
+    """The SimConfig that `simulate`'s flags describe; UsageError names a bad flag."""
     from kvadmit.executor.costmodel import CostModel, CostModelError
-    from kvadmit.sim.run import SimConfig, WarmupFailed, simulate
+    from kvadmit.executor.costspec import resolve_cost_model
+    from kvadmit.sim.replay import ReplayError, load_replay
+    from kvadmit.sim.run import SimConfig
     from kvadmit.sim.workload import WorkloadSpec
 
     if ns.max_total_tokens is None:
@@ -197,7 +229,7 @@ def _run_simulate(ns: argparse.Namespace) -> int:
     args = server_args_from(ns)
     try:
         cost = (
-            CostModel.from_file(ns.cost_model)
+            resolve_cost_model(ns.cost_model)
             if ns.cost_model
             else CostModel.simple(ns.decode_step_ms, ns.prefill_throughput)
         )
@@ -218,9 +250,10 @@ def _run_simulate(ns: argparse.Namespace) -> int:
     )
     try:
         workload.validate()
-    except ValueError as e:
+        replay = load_replay(ns.replay, ns.vocab_size, ns.seed) if ns.replay else None
+    except (ValueError, ReplayError) as e:
         raise UsageError(str(e)) from None
-    cfg = SimConfig(
+    return SimConfig(
         args=args,
         workload=workload,
         cost=cost,
@@ -229,7 +262,17 @@ def _run_simulate(ns: argparse.Namespace) -> int:
         warmup_requests=ns.warmup_requests,
         context_len=ns.context_length or 32768,
         backend=ns.backend,
+        replay=replay,
     )
+
+
+def _run_simulate(ns: argparse.Namespace) -> int:
+    from contextlib import ExitStack
+
+    from kvadmit.bench.summary import render_summary
+    from kvadmit.sim.run import WarmupFailed, simulate
+
+    cfg = simulate_config(ns)
     with ExitStack() as stack:
         try:
             log = stack.enter_context(open(ns.log_file, "w", encoding="utf-8")) if ns.log_file else sys.stdout
@@ -324,6 +367,7 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
         "or, with --simulate COST_MODEL, a predicted GPU that admits, queues and retracts like one.",
     )
     add_scheduler_flags(p)
+    add_policy_flag(p)
     add_serve_flags(p)
     p.set_defaults(func=_run_serve)
 
@@ -531,7 +575,18 @@ def build_parser() -> argparse.ArgumentParser:
     _serve_parser(sub)
     _doctor_parser(sub)
     _bench_parser(sub)
+    _sim_trust_parsers(sub)
     return parser
+
+
+def _sim_trust_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Cost models (calibrate, profile, cost-model) and sweeps: commands/."""
+    from kvadmit.commands import costs, profile, sweep
+
+    costs.calibrate_parser(sub)
+    profile.profile_parser(sub)
+    costs.cost_model_parser(sub)
+    sweep.sweep_parser(sub)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -12,6 +12,9 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Literal
 
 SCHEDULE_POLICIES = ("fcfs", "lpm", "lof", "random")
+# --admission-policy (not an SGLang flag): SGLang's forecast, or one of the alternatives it is compared
+# with (scheduler/policy.py).
+ADMISSION_POLICIES = ("sglang", "reserve-all", "optimistic")
 LastRequestOom = Literal["abort", "value_error", "assertion"]
 
 
@@ -202,6 +205,7 @@ class ServerArgs:
     random_seed: int = 0
     sglang_version: str = "0.5.22"
     knobs: SchedulerKnobs = field(default_factory=SchedulerKnobs)
+    admission_policy: str = "sglang"
 
     def __post_init__(self) -> None:
         if self.max_total_tokens is not None and self.max_total_tokens <= 0:
@@ -240,6 +244,11 @@ class ServerArgs:
         if self.context_length is not None and self.context_length <= 1:
             raise ConfigError(f"--context-length must be at least 2, got {self.context_length}")
         version_profile(self.sglang_version)  # raises ConfigError for a malformed version
+        if self.admission_policy not in ADMISSION_POLICIES:
+            raise ConfigError(
+                f"--admission-policy {self.admission_policy!r} is not supported; choose one of "
+                + ", ".join(ADMISSION_POLICIES)
+            )
 
     def check_startup(self) -> None:
         """What SGLang asserts when a server starts, beyond single-field checks. (Snapshots skip this:

@@ -41,7 +41,7 @@ class SimulatedExecutor:
         for req, retractions in self._due.pop(step, ()):
             if req.retraction_count == retractions and req.finished_reason is None:
                 tokens[batch.reqs.index(req)] = self.eos
-        kv = sum(len(r.kv) for r in batch.reqs) if self.cost.decode.per_kv_token_ms else 0
+        kv = sum(len(r.kv) for r in batch.reqs) if self.cost.decode.needs_kv_tokens else 0
         return StepResult(tokens, self.cost.decode.seconds(len(batch.reqs), kv))
 
     def _prefill_tokens(self, batch: ScheduledBatch) -> list[int]:

@@ -83,6 +83,7 @@ class AdmissionPass:
         rem_input_tokens: int,
         rem_chunk_tokens: int | None,
         prefill_max_requests: int | None = None,
+        ignore_eos_occupancy_check: bool = True,
     ) -> None:
         self.cache = cache
         self.pool = pool
@@ -94,6 +95,8 @@ class AdmissionPass:
         self.rem_input_tokens = rem_input_tokens
         self.rem_chunk_tokens = rem_chunk_tokens
         self.prefill_max_requests = prefill_max_requests
+        # False under an --admission-policy other than sglang: every request takes the normal path.
+        self.ignore_eos_occupancy_check = ignore_eos_occupancy_check
 
         self.can_run_list: list[Req] = []
         self.new_chunked_req: Req | None = None
@@ -217,7 +220,7 @@ class AdmissionPass:
         the *next* candidate: a request can be admitted and the call still return NO_TOKEN or OTHER."""
         if self.prefill_max_requests is not None and len(self.can_run_list) >= self.prefill_max_requests:
             return AddResult.OTHER
-        if req.sampling.ignore_eos and not self.cache.enabled:
+        if req.sampling.ignore_eos and not self.cache.enabled and self.ignore_eos_occupancy_check:
             return self._add_one_req_ignore_eos(req)
 
         extend = req.extend_input_len

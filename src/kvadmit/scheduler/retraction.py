@@ -68,13 +68,15 @@ def retract_decode(
     page_size: int,
     retract_decode_steps: int,
     release: Callable[[Req], None],
+    order_by: Callable[[list[Req]], list[int]] = retraction_order,
 ) -> RetractResult:
     """Retract at least one request (never the last inside the loop), until the rest fit the next step.
 
     `release(req)` frees a victim's own KV and request slot without caching its tokens. After each
     victim, the cache is evicted so that `retract_decode_steps` tokens per remaining request are free.
+    `order_by` gives the keep-preference order (SGLang's by default; see scheduler/policy.py).
     """
-    order = retraction_order(reqs)
+    order = order_by(reqs)
     retracted: list[Req] = []
     first = True
     while first or not check_decode_mem([reqs[i] for i in order], cache, pool, page_size):

@@ -33,6 +33,7 @@ from kvadmit.scheduler.events import (
     Retraction,
 )
 from kvadmit.scheduler.ordering import QueueOrder
+from kvadmit.scheduler.policy import admission_policy
 from kvadmit.scheduler.ratio import NewTokenRatio, ratio_after_retract
 from kvadmit.scheduler.results import CLIENT_ABORT_MESSAGE, StepResults
 from kvadmit.scheduler.retraction import (
@@ -77,7 +78,8 @@ class Scheduler(StepResults):
             raise ConfigError("the KV pool needs a positive size (--max-total-tokens)")
         self.args = args
         self.profile = args.profile
-        self.knobs = args.knobs
+        self.policy = admission_policy(args.admission_policy)
+        self.knobs = self.policy.knobs(args.knobs)
         self.page_size = args.page_size
         self.pool = token_pool if token_pool is not None else TokenPool(pool_size or 0, args.page_size)
         pool_size = self.pool.size
@@ -101,7 +103,7 @@ class Scheduler(StepResults):
         cache_cls = NoPrefixCache if args.disable_radix_cache else RadixCache
         self.cache: RadixCache = cache_cls(self.pool, args.page_size)
         self.req_slots = ReqSlotPool(self.max_running_requests)
-        self.ratio = NewTokenRatio.from_config(args.schedule_conservativeness, args.knobs)
+        self.ratio = NewTokenRatio.from_config(args.schedule_conservativeness, self.knobs)
         self.order = QueueOrder(args.schedule_policy, self.cache, args.random_seed)
 
         self.waiting: list[Req] = []
@@ -165,11 +167,14 @@ class Scheduler(StepResults):
             self._stop_token_union = self._stop_token_union | s.stop_token_ids
         return self._enqueue(req)
 
-    def _enqueue(self, req: Req) -> bool:
+    def _enqueue(self, req: Req, front: bool = False) -> bool:
         cap = self.args.max_queued_requests
         if cap is not None and len(self.waiting) >= cap:
             return self._reject(req, QUEUE_FULL_MESSAGE, 503)
-        self.waiting.append(req)
+        if front:
+            self.waiting.insert(0, req)
+        else:
+            self.waiting.append(req)
         self._waiting_tokens += req.seqlen
         return True
 
@@ -341,6 +346,7 @@ class Scheduler(StepResults):
             rem_input_tokens=self.args.max_prefill_tokens,
             rem_chunk_tokens=self.chunked_prefill_size,
             prefill_max_requests=self.args.prefill_max_requests,
+            ignore_eos_occupancy_check=self.policy.ignore_eos_occupancy_check,
         )
 
     def _prefill_stats(self, adder: AdmissionPass, running_bs: int) -> PrefillBatchStats:
@@ -418,6 +424,7 @@ class Scheduler(StepResults):
             self.page_size,
             self.knobs.retract_decode_steps,
             self._release,
+            self.policy.retraction_order,
         )
         last = result.last_request
         if last is not None:
@@ -453,7 +460,7 @@ class Scheduler(StepResults):
         )
         self.events.append(event)
         for req in result.retracted:
-            self._enqueue(req)
+            self._enqueue(req, front=self.policy.requeue_at_front)
         return event
 
     def _release(self, req: Req) -> None:

@@ -66,9 +66,10 @@ class RealTimeSimulatedExecutor:
 def simulated_backend(
     cost_model: str, tokenizer_path: str | None, max_total_tokens: int | None, context_length: int | None
 ) -> Backend:
+    from kvadmit.executor.costspec import resolve_cost_model
     from kvadmit.server.byte_tokenizer import ByteTokenizer
 
-    cost = CostModel.from_file(cost_model)
+    cost = resolve_cost_model(cost_model)  # a JSON file or a preset such as h100:llama-3-8b
     if tokenizer_path:
         from transformers import AutoTokenizer
 

@@ -47,7 +47,7 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
                    help="seconds in-flight requests get after SIGTERM before they are aborted")  # fmt: skip
     g.add_argument("--simulate", metavar="COST_MODEL", default=None,
                    help="serve a predicted GPU: the simulated executor in real time with this cost model "
-                   "(JSON file), no weights needed")  # fmt: skip
+                   "(a JSON file or a preset such as h100:llama-3-8b), no weights needed")  # fmt: skip
 
 
 def _setup_logging(level: str, log_file: str | None) -> None:

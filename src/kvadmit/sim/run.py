@@ -20,6 +20,7 @@ from kvadmit.observe.sglang_log import SGLangLogWriter
 from kvadmit.scheduler.events import Event, Retraction, StartupInfo
 from kvadmit.scheduler.scheduler import ScheduledBatch, Scheduler
 from kvadmit.sim.client import SimClient
+from kvadmit.sim.replay import Replay
 from kvadmit.sim.workload import WorkloadSpec, build_workload
 
 DEFAULT_START = datetime(2026, 1, 1, tzinfo=timezone.utc)
@@ -44,6 +45,7 @@ class SimConfig:
     context_len: int = 32768
     backend: str = "sglang"
     start: datetime = DEFAULT_START
+    replay: Replay | None = None  # requests and send times from a trace, instead of the workload
 
 
 @dataclass(slots=True)
@@ -85,7 +87,10 @@ def _simulate(
     watch_steps: tuple[StepObserver, ...],
     watch_events: tuple[Callable[[Event, float], None], ...],
 ) -> SimResult:
-    specs, rng = build_workload(cfg.workload)
+    if cfg.replay is not None:
+        specs, rng, offsets = list(cfg.replay.requests), None, cfg.replay.arrivals
+    else:
+        (specs, rng), offsets = build_workload(cfg.workload), None
     scheduler = Scheduler(cfg.args, context_len=cfg.context_len, eos_token_ids=frozenset({EOS_TOKEN_ID}))
     clock = VirtualClock(0.0)  # seconds since cfg.start (small numbers keep full float precision)
     client = SimClient(None, clock, cfg.workload.vocab_size, cfg.max_concurrency)
@@ -166,8 +171,10 @@ def _simulate(
     outcomes = [RequestOutcome(prompt_len=s.prompt_len) for s in specs]
     arrival = start
     for spec, outcome in zip(specs, outcomes, strict=True):
+        if offsets is not None:
+            arrival = start + offsets[spec.index]
         client.schedule(arrival, spec, outcome, f"req-{spec.index}")
-        if cfg.request_rate != float("inf"):
+        if rng is not None and cfg.request_rate != float("inf"):
             arrival += float(rng.exponential(1.0 / cfg.request_rate))
     run_until_idle()
     client.fill_token_times()

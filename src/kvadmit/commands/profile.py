@@ -1,0 +1,93 @@
+"""`kvadmit profile`: measure the real executor's step times here and write a cost model (torch is
+imported only when the command runs)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from kvadmit.errors import UsageError
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
+    if not values or min(values) <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must list positive integers")
+    return values
+
+
+def profile_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "profile",
+        help="measure the real executor's step times on this machine and write a cost model",
+        description="Run the torch executor over a grid of decode batch sizes × context lengths and "
+        "prefill sizes, fit the cost model's coefficients and write it for kvadmit simulate.",
+    )
+    p.add_argument(
+        "--model-path", default=None, help="an HF folder or .gguf (default: SmolLM2-135M-Instruct)"
+    )
+    p.add_argument("-o", "--output", metavar="FILE", help="write the cost model (JSON) here")
+    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
+    p.add_argument("--batch-sizes", type=_ints, default=(1, 4, 16, 64), help="decode batch sizes")
+    p.add_argument("--context-lens", type=_ints, default=(128, 512, 2048), help="KV tokens per request")
+    p.add_argument("--prefill-lens", type=_ints, default=(32, 128, 512, 2048), help="tokens per prefill")
+    p.add_argument("--prefill-requests", type=_ints, default=(1, 4), help="requests per prefill batch")
+    p.add_argument("--repeats", type=int, default=3, help="timed runs per point (the median is kept)")
+    p.set_defaults(func=run_profile)
+
+
+def run_profile(ns: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    import torch
+
+    from kvadmit.api import resolve_model_path
+    from kvadmit.commands.costs import describe
+    from kvadmit.executor.profile import Measurement, profile_model, with_metadata
+    from kvadmit.model.default import DefaultModelError
+    from kvadmit.model.loading import ModelLoadError, load_hf_folder
+
+    if ns.repeats <= 0:
+        raise UsageError(f"--repeats must be positive, got {ns.repeats}")
+    if ns.model_path is not None and not Path(ns.model_path).exists():
+        raise UsageError(f"--model-path {ns.model_path!r} does not exist")
+    try:
+        folder = resolve_model_path(ns.model_path)
+        model = load_hf_folder(folder, getattr(torch, ns.dtype))
+    except (ModelLoadError, DefaultModelError) as e:
+        raise UsageError(str(e)) from None
+
+    def show(m: Measurement) -> None:
+        what = "decode" if m.kind == "decode" else "prefill"
+        unit = "tokens of context each" if m.kind == "decode" else "new tokens each"
+        print(
+            f"{what}: {m.requests} request(s), {m.tokens} {unit}: {1000 * m.seconds:.2f} ms", file=sys.stderr
+        )
+
+    profile = profile_model(
+        model,
+        batch_sizes=ns.batch_sizes,
+        context_lens=ns.context_lens,
+        prefill_lens=ns.prefill_lens,
+        prefill_requests=ns.prefill_requests,
+        repeats=ns.repeats,
+        progress=show,
+    )
+    cost = with_metadata(profile, folder.name, ns.dtype)
+    fit = cost.meta["fit"]
+    print("\n".join(describe(cost, context=(max(ns.context_lens),))))
+    print(
+        f"fit error: decode {fit['decode_mean_abs_error_pct']}% mean, "
+        f"{fit['decode_max_abs_error_pct']}% max; prefill {fit['prefill_mean_abs_error_pct']}% mean, "
+        f"{fit['prefill_max_abs_error_pct']}% max"
+    )
+    if ns.output:
+        try:
+            cost.write(ns.output)
+        except OSError as e:
+            raise UsageError(f"cannot write {ns.output!r}: {e.strerror}") from None
+        print(f"wrote {ns.output}")
+    return 0

@@ -1,0 +1,196 @@
+"""`kvadmit sweep`: `simulate` over a grid of server flags and loads, in parallel, as one table.
+
+Every `simulate` flag is accepted; these take comma-separated lists and span the grid:
+--schedule-conservativeness, --max-running-requests, --max-total-tokens, --chunked-prefill-size,
+--admission-policy (server) and --max-concurrency, --request-rate (load). With --search-max-rate the
+request rate is searched instead: for each server setting, the largest rate that meets the target.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+import time
+from collections.abc import Callable
+
+from kvadmit.config import ADMISSION_POLICIES, ServerArgs
+from kvadmit.errors import UsageError
+
+
+def _maybe_int(text: str) -> int | None:
+    return None if text.lower() in ("none", "default") else int(text)
+
+
+def _policy(text: str) -> str:
+    if text not in ADMISSION_POLICIES:
+        raise ValueError(text)
+    return text
+
+
+# flag dest → how one value is read ("none" reads as None: SGLang's default for that flag)
+SWEPT: dict[str, Callable[[str], object]] = {
+    "schedule_conservativeness": float,
+    "max_running_requests": _maybe_int,
+    "max_total_tokens": _maybe_int,
+    "chunked_prefill_size": _maybe_int,
+    "admission_policy": _policy,
+    "max_concurrency": _maybe_int,
+    "request_rate": float,
+}
+LOADS = ("max_concurrency", "request_rate")
+
+
+def _list_of(read: Callable[[str], object]) -> Callable[[str], list[object]]:
+    def parse(text: str) -> list[object]:
+        try:
+            return [read(v.strip()) for v in text.split(",") if v.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of values") from None
+
+    return parse
+
+
+def sweep_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    from kvadmit.cli import add_simulate_flags
+
+    p = sub.add_parser(
+        "sweep",
+        conflict_handler="resolve",
+        help="simulate a grid of server flags × loads in parallel; table, CSV, SVG; max rate for a target",
+        description=__doc__.split("\n\n")[0],
+    )
+    add_simulate_flags(p)
+    g = p.add_argument_group("swept flags (comma-separated lists)")
+    for dest, read in SWEPT.items():
+        g.add_argument("--" + dest.replace("_", "-"), type=_list_of(read), default=None, metavar="A,B,…")
+    o = p.add_argument_group("sweep")
+    o.add_argument("--workers", type=int, default=None, help="worker processes (default: one per core)")
+    o.add_argument("--csv", metavar="FILE", help="write the results as CSV")
+    o.add_argument("--svg", metavar="FILE", help="write charts of each metric against the load")
+    o.add_argument("--search-max-rate", action="store_true", help="find the largest --request-rate "
+                   "that meets --target-ttft-ms / --target-tpot-ms for each server setting")  # fmt: skip
+    o.add_argument("--target-ttft-ms", type=float, default=None)
+    o.add_argument("--target-tpot-ms", type=float, default=None)
+    o.add_argument("--target-statistic", choices=("p50", "p90", "p95", "p99", "mean"), default="p99")
+    o.add_argument("--rate-tolerance", type=float, default=0.02, help="relative width of the final bracket")
+    p.set_defaults(func=run_sweep)
+
+
+def _default(dest: str) -> object:
+    """What `simulate` uses when the flag is not given."""
+    if dest in LOADS:
+        return None if dest == "max_concurrency" else float("inf")
+    return getattr(ServerArgs(), dest)
+
+
+def grid(ns: argparse.Namespace) -> list[tuple[dict[str, object], dict[str, object]]]:
+    """Every combination of the swept values, in flag order: (the settings shown in the table — flags
+    given more than one value, and the load — and every swept flag's value)."""
+    axes = {dest: getattr(ns, dest) or [_default(dest)] for dest in SWEPT}
+    shown = [k for k in SWEPT if getattr(ns, k) and (len(getattr(ns, k)) > 1 or k in LOADS)]
+    out = []
+    for combo in itertools.product(*axes.values()):
+        values = dict(zip(axes, combo, strict=True))
+        out.append(({k: values[k] for k in shown}, values))
+    return out
+
+
+def _point_namespace(ns: argparse.Namespace, values: dict[str, object]) -> argparse.Namespace:
+    out = argparse.Namespace(**vars(ns))
+    for k, v in values.items():
+        setattr(out, k, v)
+    return out
+
+
+def _load_axis(ns: argparse.Namespace) -> str | None:
+    return next((k for k in LOADS if len(getattr(ns, k) or []) > 1), None)
+
+
+def run_sweep(ns: argparse.Namespace) -> int:
+    from kvadmit.cli import simulate_config
+    from kvadmit.sim.sweep import SweepPoint, default_workers, run_points
+    from kvadmit.sim.sweep_report import render_csv, render_plots, render_table
+
+    workers = ns.workers or default_workers()
+    if workers <= 0:
+        raise UsageError(f"--workers must be positive, got {ns.workers}")
+    combos = grid(ns)
+    if ns.search_max_rate:
+        return _run_search(ns, combos, workers)
+    load = _load_axis(ns)
+    if ns.svg and load is None:
+        raise UsageError("--svg plots against the load: give --max-concurrency or --request-rate a list")
+    points = [SweepPoint(shown, simulate_config(_point_namespace(ns, values))) for shown, values in combos]
+    started = time.perf_counter()
+    results = run_points(points, workers)
+    wall = time.perf_counter() - started
+    print("\n".join(render_table(results)))
+    print(
+        f"\n{len(results)} points, {min(workers, len(results))} worker process(es), {wall:.1f} s wall "
+        f"({sum(r.wall_s for r in results):.1f} s of simulation)"
+    )
+    if ns.csv:
+        _write(ns.csv, render_csv(results))
+    if ns.svg and load is not None:
+        _write(ns.svg, render_plots(results, load, title="kvadmit sweep"))
+    return 0
+
+
+def _write(path: str, text: str) -> None:
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as e:
+        raise UsageError(f"cannot write {path!r}: {e.strerror}") from None
+    print(f"wrote {path}", file=sys.stderr)
+
+
+def _search_one(job: tuple[object, object, float]) -> object:
+    from kvadmit.sim.rate_search import search_max_rate
+
+    cfg, target, tol = job
+    return search_max_rate(cfg, target, rel_tol=tol)  # type: ignore[arg-type]
+
+
+def _run_search(ns: argparse.Namespace, combos: list[dict[str, object]], workers: int) -> int:
+    from kvadmit.cli import simulate_config
+    from kvadmit.sim.rate_search import RateSearch, Target
+    from kvadmit.sim.sweep import parallel_map
+    from kvadmit.sim.sweep_report import LABELS
+
+    if ns.target_ttft_ms is None and ns.target_tpot_ms is None:
+        raise UsageError("--search-max-rate needs --target-ttft-ms and/or --target-tpot-ms")
+    if ns.request_rate:
+        raise UsageError("--search-max-rate searches --request-rate itself; do not give it")
+    if not 0 < ns.rate_tolerance < 1:
+        raise UsageError(f"--rate-tolerance must be in (0, 1), got {ns.rate_tolerance}")
+    target = Target(ns.target_ttft_ms, ns.target_tpot_ms, ns.target_statistic)
+    jobs, labels = [], []
+    for shown, values in combos:
+        shown.pop("request_rate", None)
+        cfg = simulate_config(_point_namespace(ns, {**values, "request_rate": 1.0}))
+        jobs.append((cfg, target, ns.rate_tolerance))
+        labels.append(shown)
+    started = time.perf_counter()
+    found = parallel_map(_search_one, jobs, workers)
+    wall = time.perf_counter() - started
+    keys = list(labels[0]) if labels else []
+    stat = target.statistic
+    head = [*(LABELS.get(k, k) for k in keys), "max req/s", f"TTFT {stat} ms", f"TPOT {stat} ms", "probes"]
+    print(f"largest request rate meeting {target.describe()} ({ns.num_prompts} requests per probe)")
+    print("")
+    print("| " + " | ".join(head) + " |")
+    print("|" + " --- |" * len(keys) + " ---: | ---: | ---: | ---: |")
+    for label, result in zip(labels, found, strict=True):
+        assert isinstance(result, RateSearch)
+        best = next((p for p in result.probes if p.rate == result.best_rate), None)
+        cells = [str(label[k]) for k in keys]
+        if best is None:
+            cells += ["none", "—", "—"]
+        else:
+            cells += [f"{best.rate:,.3g}", f"{best.ttft_ms:,.0f}", f"{best.tpot_ms:,.2f}"]
+        cells.append(str(len(result.probes)))
+        print("| " + " | ".join(cells) + " |")
+    print(f"\n{len(jobs)} searches, {workers} worker process(es), {wall:.1f} s wall")
+    return 0

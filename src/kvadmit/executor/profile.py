@@ -1,0 +1,158 @@
+"""`kvadmit profile`: time the real executor on this machine and fit a cost model to it.
+
+Decode: for each batch size B and context length L, B requests that each hold L tokens of KV decode one
+token; the step time is the median of `repeats` runs after a warm-up. Prefill: R requests of N tokens
+each, from an empty cache. The same fit as calibration (fit.py) then gives
+
+    decode  step = base_ms + per_request_ms × B + per_kv_token_ms × (B × L)
+    prefill step = base_ms + per_request_ms × R + (R × N) / tokens_per_s
+
+The requests of a decode batch share their context's KV slots (each writes its own last slot): the
+attention reads the same number of values as with distinct slots, and the pool stays small.
+"""
+
+from __future__ import annotations
+
+import platform
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from kvadmit.executor.costmodel import CostModel, DecodeCost, PrefillCost
+from kvadmit.executor.fit import StepFit, fit_step_time
+from kvadmit.executor.torch_runner import TorchExecutor
+from kvadmit.model.llama import CausalLM
+from kvadmit.request import Req, SamplingLimits
+from kvadmit.sampling_params import SamplingParams
+from kvadmit.scheduler.types import ScheduledBatch
+
+GREEDY = SamplingParams(temperature=0.0)
+
+
+@dataclass(frozen=True, slots=True)
+class Measurement:
+    kind: str  # "decode" or "prefill"
+    requests: int
+    tokens: int  # decode: context tokens per request; prefill: new tokens per request
+    seconds: float  # median step time
+
+
+@dataclass(slots=True)
+class Profile:
+    cost: CostModel
+    measurements: list[Measurement]
+    decode_fit: StepFit
+    prefill_fit: StepFit
+
+
+def _req(rid: str, prompt_len: int, vocab: int) -> Req:
+    req = Req(rid, [(7 * i + 3) % vocab for i in range(prompt_len)], SamplingLimits(max_new_tokens=16))
+    req.params = GREEDY
+    return req
+
+
+def _decode_batch(batch: int, context: int, vocab: int) -> ScheduledBatch:
+    shared = list(range(context))
+    reqs = []
+    for i in range(batch):
+        req = _req(f"d{i}", context, vocab)
+        req.output_ids = [1]
+        req.kv = [*shared, context + i]  # the new token's slot is its own
+        reqs.append(req)
+    return ScheduledBatch(kind="decode", reqs=reqs)
+
+
+def _prefill_batch(requests: int, tokens: int, vocab: int) -> ScheduledBatch:
+    reqs = []
+    for i in range(requests):
+        req = _req(f"p{i}", tokens, vocab)
+        req.prefix_len, req.fill_len, req.extend_input_len = 0, tokens, tokens
+        req.kv = list(range(i * tokens, (i + 1) * tokens))
+        reqs.append(req)
+    return ScheduledBatch(kind="prefill", reqs=reqs)
+
+
+def _time(executor: TorchExecutor, batch: ScheduledBatch, repeats: int) -> float:
+    executor.run(batch)  # warm-up
+    return statistics.median(executor.run(batch).seconds for _ in range(repeats))
+
+
+def profile_model(
+    model: CausalLM,
+    batch_sizes: Sequence[int] = (1, 4, 16, 64),
+    context_lens: Sequence[int] = (128, 512, 2048),
+    prefill_lens: Sequence[int] = (32, 128, 512, 2048),
+    prefill_requests: Sequence[int] = (1, 4),
+    repeats: int = 3,
+    progress: Callable[[Measurement], None] | None = None,
+) -> Profile:
+    vocab = model.cfg.vocab_size
+    pool = max(max(context_lens) + max(batch_sizes), max(prefill_lens) * max(prefill_requests))
+    executor = TorchExecutor(model, pool)
+    found: list[Measurement] = []
+
+    def record(m: Measurement) -> None:
+        found.append(m)
+        if progress is not None:
+            progress(m)
+
+    for b in batch_sizes:
+        for c in context_lens:
+            record(Measurement("decode", b, c, _time(executor, _decode_batch(b, c, vocab), repeats)))
+    for r in prefill_requests:
+        for n in prefill_lens:
+            record(Measurement("prefill", r, n, _time(executor, _prefill_batch(r, n, vocab), repeats)))
+    decode = [m for m in found if m.kind == "decode"]
+    prefill = [m for m in found if m.kind == "prefill"]
+    dfit = fit_step_time(
+        [{"batch": m.requests, "kv": m.requests * m.tokens} for m in decode],
+        [1000 * m.seconds for m in decode],
+        ("one", "batch", "kv"),
+    )
+    pfit = fit_step_time(
+        [{"requests": m.requests, "tokens": m.requests * m.tokens} for m in prefill],
+        [1000 * m.seconds for m in prefill],
+        ("one", "requests", "tokens"),
+    )
+    per_token_ms = pfit.coef["tokens"]
+    cost = CostModel(
+        DecodeCost(
+            base_ms=dfit.coef["one"], per_request_ms=dfit.coef["batch"], per_kv_token_ms=dfit.coef["kv"]
+        ),
+        PrefillCost(
+            base_ms=pfit.coef["one"],
+            per_request_ms=pfit.coef["requests"],
+            tokens_per_s=1000 / per_token_ms if per_token_ms > 0 else 1e12,
+        ),
+    )
+    return Profile(cost, found, dfit, pfit)
+
+
+def describe_machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    return f"{cpu}, torch {torch.__version__}, {torch.get_num_threads()} threads"
+
+
+def with_metadata(profile: Profile, model_name: str, dtype: str) -> CostModel:
+    d, p = profile.decode_fit, profile.prefill_fit
+    meta = {
+        "name": f"profile:{model_name}",
+        "source": "kvadmit profile (the torch executor, measured)",
+        "notes": [
+            f"measured on {describe_machine()}, dtype {dtype}",
+            "decode grid (batch × context tokens per request): "
+            + ", ".join(f"{m.requests}×{m.tokens}" for m in profile.measurements if m.kind == "decode"),
+            "prefill grid (requests × tokens each): "
+            + ", ".join(f"{m.requests}×{m.tokens}" for m in profile.measurements if m.kind == "prefill"),
+        ],
+        "fit": {
+            "decode_mean_abs_error_pct": round(100 * d.mean_abs_error, 2),
+            "decode_max_abs_error_pct": round(100 * d.max_abs_error, 2),
+            "prefill_mean_abs_error_pct": round(100 * p.mean_abs_error, 2),
+            "prefill_max_abs_error_pct": round(100 * p.max_abs_error, 2),
+            "outliers": len(d.outliers) + len(p.outliers),
+        },
+    }
+    return CostModel(profile.cost.decode, profile.cost.prefill, meta)

@@ -1,0 +1,92 @@
+"""`kvadmit simulate --replay TRACE.jsonl`: the requests of a measured (or simulated) run, each sent at
+its own time with its own lengths, so a simulation can be compared with that run request by request.
+
+One JSON object per line. Fields (the per-request file `kvadmit simulate --trace-requests` writes):
+
+    arrival          seconds from the start of the run to when the client sent it (required)
+    prompt_len       prompt tokens (required)
+    max_new_tokens   what the client asked for (required)
+    output_len       tokens it really generated
+    true_output_len  where it stops (EOS), when known; preferred over output_len
+    ignore_eos       default false
+    rid              kept for reference; the simulation names requests req-0, req-1, … in file order
+
+A request without ignore_eos stops at true_output_len (or output_len, or max_new_tokens when neither is
+known); with ignore_eos it runs to max_new_tokens. Prompts are distinct token sequences (a trace carries
+no text), so no two requests share a cached prefix.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvadmit.sim.workload import SimRequest
+
+
+class ReplayError(ValueError):
+    """The trace cannot be replayed; the message names the line and the field."""
+
+
+@dataclass(frozen=True, slots=True)
+class Replay:
+    requests: tuple[SimRequest, ...]
+    arrivals: tuple[float, ...]  # seconds after the start of the measured run, one per request
+    rids: tuple[str, ...]  # the trace's own ids (or req-N when it has none)
+
+
+def _int(row: dict[str, object], key: str, where: str, minimum: int) -> int:
+    value = row.get(key)
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != int(value):
+        raise ReplayError(f"{where}: {key} must be an integer, got {value!r}")
+    if value < minimum:
+        raise ReplayError(f"{where}: {key} must be ≥ {minimum}, got {value}")
+    return int(value)
+
+
+def _stop(row: dict[str, object], where: str, max_new: int) -> int:
+    for key in ("true_output_len", "output_len"):
+        if row.get(key) is not None and row.get(key) != 0:
+            return min(_int(row, key, where, 1), max_new)
+    return max_new
+
+
+def parse_replay(lines: list[str], vocab_size: int = 32000, seed: int = 0, name: str = "trace") -> Replay:
+    """The requests in order of arrival (file order on ties)."""
+    rows: list[tuple[float, int, int, int | None, bool, str]] = []
+    for no, text in enumerate(lines, 1):
+        if not text.strip():
+            continue
+        where = f"{name}:{no}"
+        try:
+            row = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ReplayError(f"{where}: not JSON ({e.msg})") from None
+        if not isinstance(row, dict):
+            raise ReplayError(f"{where}: each line must be a JSON object")
+        arrival = row.get("arrival")
+        if isinstance(arrival, bool) or not isinstance(arrival, int | float) or not arrival >= 0:
+            raise ReplayError(f"{where}: arrival must be a number of seconds ≥ 0, got {arrival!r}")
+        prompt_len = _int(row, "prompt_len", where, 1)
+        max_new = _int(row, "max_new_tokens", where, 1)
+        ignore_eos = bool(row.get("ignore_eos", False))
+        true_len = None if ignore_eos else _stop(row, where, max_new)
+        rid = str(row.get("rid", f"line-{no}"))
+        rows.append((float(arrival), prompt_len, max_new, true_len, ignore_eos, rid))
+    if not rows:
+        raise ReplayError(f"{name}: no requests")
+    rows.sort(key=lambda r: r[0])
+    offsets = np.random.RandomState(seed).randint(0, vocab_size, size=len(rows)).tolist()
+    requests = tuple(SimRequest(i, p, m, m, t, e, offsets[i]) for i, (_, p, m, t, e, _) in enumerate(rows))
+    return Replay(requests, tuple(r[0] for r in rows), tuple(r[5] for r in rows))
+
+
+def load_replay(path: str, vocab_size: int = 32000, seed: int = 0) -> Replay:
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except OSError as e:
+        raise ReplayError(f"cannot read {path!r}: {e.strerror}") from None
+    return parse_replay(lines, vocab_size, seed, path.rsplit("/", 1)[-1])
