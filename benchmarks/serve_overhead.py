@@ -157,7 +157,7 @@ def main() -> None:
     p.add_argument("--skip-model", action="store_true")
     ns = p.parse_args()
     lines = [f"# serve_overhead — {cpu_model()}, {os.cpu_count()} cores, Python {sys.version.split()[0]}, "
-             f"{date.today()}", ""]  # fmt: skip
+             f"{date.today()}, load average {os.getloadavg()[0]:.1f}", ""]  # fmt: skip
     lines += simulated_part()
     if not ns.skip_model:
         lines += model_part()
