@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from kvadmit.model.llama import CausalLM, ModelConfig
+from kvadmit.model.llama import CausalLM, ModelConfig, fuse_hf_state
 
 SUPPORTED = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 
@@ -16,8 +16,14 @@ class ModelLoadError(ValueError):
     """The folder is not a model we can load; the message says what is missing or unsupported."""
 
 
-def load_hf_folder(path: str | Path, dtype: torch.dtype = torch.float32) -> CausalLM:
+def load_hf_folder(
+    path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu", pack: bool = True
+) -> CausalLM:
+    """The model in `folder`, in `dtype` on `device`. On CPU in bf16 its linear layers are packed for
+    oneDNN (cpu_pack.py) unless `pack` is False."""
     from safetensors.torch import load_file
+
+    from kvadmit.model.cpu_pack import pack_linears
 
     folder = Path(path)
     config_path = folder / "config.json"
@@ -44,11 +50,14 @@ def load_hf_folder(path: str | Path, dtype: torch.dtype = torch.float32) -> Caus
     model = CausalLM(ModelConfig.from_hf(cfg_dict))
     if model.cfg.tie_word_embeddings:
         state.pop("lm_head.weight", None)
-    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing, unexpected = model.load_state_dict(fuse_hf_state(state), strict=False)
     missing = [m for m in missing if not (m == "lm_head.weight" and model.cfg.tie_word_embeddings)]
     if missing or unexpected:
         raise ModelLoadError(
             f"{folder}: weights do not match the architecture (missing {missing[:3]}, "
             f"unexpected {unexpected[:3]})"
         )
-    return model.to(dtype).eval()
+    model = model.to(dtype=dtype).to(device).eval()
+    if pack and model.device.type == "cpu":
+        pack_linears(model)
+    return model
