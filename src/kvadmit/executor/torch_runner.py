@@ -51,7 +51,7 @@ class TorchExecutor:
     def run(self, batch: ScheduledBatch) -> StepResult:
         start = time.perf_counter()
         logits = self.model.forward_batch(self.forward_batch(batch), self.kv_pool)
-        tokens = logits.argmax(dim=-1).tolist()
+        tokens = logits.float().argmax(dim=-1).tolist()  # exact; argmax over bf16 is slow on CPU
         for i, req in enumerate(batch.reqs):
             if not req.params.greedy:
                 tokens[i] = self.sampler.sample(req.rid, logits[i], req.params)

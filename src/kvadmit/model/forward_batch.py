@@ -99,7 +99,8 @@ def pool_attention(
     kv_heads = kv_pool.shape[1] // 2
     groups = heads // kv_heads
     b, nq = fb.num_seqs, fb.max_new
-    kv = kv_pool[fb.gather]  # [B, L, 2·kv_heads, dim]
+    # One row gather (index_select is several times faster than advanced indexing on CPU).
+    kv = kv_pool.index_select(0, fb.gather.view(-1)).view(b, -1, 2 * kv_heads, dim)  # [B, L, 2·kv, dim]
     k = kv[:, :, :kv_heads].transpose(1, 2)  # [B, kv_heads, L, dim]
     v = kv[:, :, kv_heads:].transpose(1, 2)
     if fb.rows is None:

@@ -82,7 +82,11 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+        # Normalised in float32, rounded to the input's dtype, then scaled (as the reference does). Written
+        # out: F.rms_norm converts the weight to float32 on every call.
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.square().mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
 
 
 def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
@@ -234,7 +238,7 @@ class CausalLM(nn.Module):
 
     def weight_bytes(self) -> int:
         """Bytes of weights held in memory (packed copies included, a tied tensor once)."""
-        tensors = {id(t): t for t in [*self.parameters(), *self.buffers()]}
+        tensors = {id(t): t for t in [*self.parameters(), *self.buffers()] if t is not self.inv_freq}
         return sum(t.numel() * t.element_size() for t in tensors.values())
 
     def step_read_bytes(self) -> int:
