@@ -26,7 +26,6 @@ class TorchExecutor:
         self.model = model
         self.kv_pool = model.new_kv_pool(pool_size, dtype)
         self.sampler = Sampler(seed)
-        self._groups = model.cfg.num_heads // model.cfg.num_kv_heads
 
     def forward_batch(self, batch: ScheduledBatch) -> ForwardBatch:
         """The model's input for one scheduled batch."""
@@ -43,9 +42,7 @@ class TorchExecutor:
                 ids.append(req.output_ids[-1])
             positions += range(begin, end)
             seqs.append(Sequence(torch.tensor(req.kv[:end]), end - begin))
-        return ForwardBatch.build(
-            torch.tensor(ids), torch.tensor(positions), seqs, self._groups, self.model.device
-        )
+        return ForwardBatch.build(torch.tensor(ids), torch.tensor(positions), seqs, self.model.device)
 
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> StepResult:

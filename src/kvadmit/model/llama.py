@@ -4,10 +4,11 @@ out.
 
 A forward pass computes the new tokens of several sequences at once (a ragged prefill, or one token each
 for decode). Each sequence names the pool slots of all its tokens, in position order; the new tokens are
-the last ones. Their K and V are written into their slots first, then all sequences attend over their
-slots in one batched call per layer (forward_batch.py). What every layer shares (RoPE tables, gather
-indices, masks) is computed once per pass. Parameter names follow transformers' checkpoints except that
-q/k/v and gate/up are fused into one matmul each (`fuse_hf_state` does that at load time).
+the last ones. Their K and V are written into their slots first, then the sequences attend over their
+slots (forward_batch.py: one batched attention for decode, one call per sequence for prefill). What every
+layer shares (RoPE tables, gather indices, masks) is computed once per pass. Parameter names follow
+transformers' checkpoints except that q/k/v and gate/up are fused into one matmul each (`fuse_hf_state`
+does that at load time).
 
 Written from the architecture's description (RMSNorm, rotary embeddings, grouped-query attention, SwiGLU);
 transformers' implementation is used only in the tests, as the reference to compare logits with.
@@ -148,7 +149,7 @@ class Attention(nn.Module):
         x: torch.Tensor,  # [T, hidden]
         rope: RopeTables,
         fb: ForwardBatch,
-        kv_pool: torch.Tensor,  # [pool, 2·kv_heads, dim]
+        kv_pool: torch.Tensor,  # [2·kv_heads, pool, dim]
     ) -> torch.Tensor:
         cfg = self.cfg
         h, kv = cfg.num_heads, cfg.num_kv_heads
@@ -158,10 +159,11 @@ class Attention(nn.Module):
         else:
             qk = qkv[:, : h + kv]
         qk = apply_rope(qk, rope)
+        q, k, v = qk[:, :h], qk[:, h:], qkv[:, h + kv :]
         # The new tokens' K and V go into their slots first, so that they attend to themselves too.
-        kv_pool[:, :kv].index_copy_(0, fb.out_slots, qk[:, h:].to(kv_pool.dtype))
-        kv_pool[:, kv:].index_copy_(0, fb.out_slots, qkv[:, h + kv :].to(kv_pool.dtype))
-        return self.o_proj(pool_attention(qk[:, :h], kv_pool, fb))
+        kv_pool[:kv].index_copy_(1, fb.out_slots, k.transpose(0, 1).to(kv_pool.dtype))
+        kv_pool[kv:].index_copy_(1, fb.out_slots, v.transpose(0, 1).to(kv_pool.dtype))
+        return self.o_proj(pool_attention(q, k, v, kv_pool, fb))
 
 
 class MLP(nn.Module):
@@ -252,10 +254,10 @@ class CausalLM(nn.Module):
         return total
 
     def new_kv_pool(self, size: int, dtype: torch.dtype | None = None) -> list[torch.Tensor]:
-        """Per layer, the K and V of a pool of `size` token slots: [size, 2·kv_heads, head_dim], K heads
+        """Per layer, the K and V of a pool of `size` token slots: [2·kv_heads, size, head_dim], K heads
         first."""
         cfg = self.cfg
-        shape = (size, 2 * cfg.num_kv_heads, cfg.head_dim)
+        shape = (2 * cfg.num_kv_heads, size, cfg.head_dim)
         dtype = dtype or self.dtype
         return [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(cfg.num_layers)]
 
@@ -266,8 +268,7 @@ class CausalLM(nn.Module):
         seqs: list[Sequence],
         kv_pool: list[torch.Tensor],
     ) -> torch.Tensor:
-        groups = self.cfg.num_heads // self.cfg.num_kv_heads
-        fb = ForwardBatch.build(input_ids, positions, seqs, groups, self.device)
+        fb = ForwardBatch.build(input_ids, positions, seqs, self.device)
         return self.forward_batch(fb, kv_pool)
 
     @torch.inference_mode()
