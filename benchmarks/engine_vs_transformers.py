@@ -1,7 +1,7 @@
 """kvadmit's engine against transformers' `generate` on SmolLM2-135M-Instruct, same prompts, one run.
 
 1. single-stream decode tokens/s;  2. 64 requests of mixed lengths at concurrency 16: kvadmit's continuous
-batching (all queued at once, at most 16 running: --max-running-requests 16; a 16,384-token pool) vs
+batching (all queued at once, at most 16 running: --max-running-requests 16; an 8,192-token pool) vs
 transformers `generate` in padded static batches of 16;  3. decode step time at batch 1 against the
 memory-bandwidth bound (bytes of weights a step reads ÷ measured copy bandwidth);  4. peak resident memory
 of each, measured in a child process per side that loads one model and runs the first 16 requests (the
@@ -64,7 +64,7 @@ def load(side: str, dtype: str, concurrency: int) -> Any:
     if side == "kvadmit":
         import kvadmit
 
-        return kvadmit.Engine(folder, dtype=dtype, max_total_tokens=16384, max_running_requests=concurrency)
+        return kvadmit.Engine(folder, dtype=dtype, max_total_tokens=8192, max_running_requests=concurrency)
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype)).eval()

@@ -140,6 +140,14 @@ def test_bad_model_folders_get_one_clear_error_naming_the_file(tmp_path: Path) -
         load_hf_folder(odd)
     with pytest.raises(ModelLoadError, match=r"has no config\.json"):
         load_hf_folder(tmp_path / "nowhere")
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(str(folder / "model.safetensors"))
+    del weights["model.layers.1.mlp.down_proj.weight"]
+    save_file(weights, str(odd / "model.safetensors"))
+    with pytest.raises(ModelLoadError, match=r"odd: weights do not match the architecture \(missing "
+                       r"\['model\.layers\.1\.mlp\.down_proj\.weight'\], unexpected \[\]\)"):  # fmt: skip
+        load_hf_folder(odd)
 
 
 def test_a_bad_gguf_file_gets_one_clear_error(tmp_path: Path) -> None:

@@ -93,3 +93,10 @@ def test_the_engine_picks_bf16_where_native(tiny_folder: Path) -> None:
     assert engine.model.dtype == (torch.bfloat16 if cpu_has_bf16() else torch.float32)
     assert engine.executor.kv_pool[0].dtype == engine.model.dtype
     assert kvadmit.Engine(str(tiny_folder), dtype="float32", max_total_tokens=64).model.dtype == torch.float32
+
+
+def test_the_kv_pool_is_head_major_and_its_padding_slot_is_zero(tiny_folder: Path) -> None:
+    model = load_hf_folder(tiny_folder)
+    pool = model.new_kv_pool(32)
+    assert len(pool) == 2 and pool[0].shape == (2 * 2, 32, 16)  # [K heads + V heads, slots, head_dim]
+    assert all(torch.equal(layer[:, 0], torch.zeros(4, 16)) for layer in pool)  # slot 0 pads decode batches

@@ -48,8 +48,9 @@ class TorchExecutor:
     def run(self, batch: ScheduledBatch) -> StepResult:
         start = time.perf_counter()
         logits = self.model.forward_batch(self.forward_batch(batch), self.kv_pool)
-        tokens = logits.float().argmax(dim=-1).tolist()  # exact; argmax over bf16 is slow on CPU
+        logits = logits.float()  # exact; and argmax over bf16 is slow on CPU
+        tokens = logits.argmax(dim=-1).tolist()  # the step's one device-to-host sync
         for i, req in enumerate(batch.reqs):
-            if not req.params.greedy:
-                tokens[i] = self.sampler.sample(req.rid, logits[i], req.params)
+            if not req.params.greedy:  # drawn on the CPU, where the per-request generators live
+                tokens[i] = self.sampler.sample(req.rid, logits[i].cpu(), req.params)
         return StepResult(tokens, time.perf_counter() - start)

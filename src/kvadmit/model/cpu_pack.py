@@ -55,4 +55,20 @@ def pack_linears(model: nn.Module) -> int:
                 if packed is not None:
                     setattr(parent, name, packed)
                     count += 1
+    if count:
+        _return_freed_memory()
     return count
+
+
+def _return_freed_memory() -> None:
+    """Hand the replaced weights' memory back to the system (glibc keeps freed heap memory otherwise)."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name) if name else None
+        if libc is not None and hasattr(libc, "malloc_trim"):
+            libc.malloc_trim(0)
+    except OSError:
+        pass

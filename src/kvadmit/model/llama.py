@@ -230,6 +230,13 @@ class CausalLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
 
+    def tie_and_init_buffers(self) -> None:
+        """After loading weights into a model built on the meta device: tie lm_head to the embedding
+        if the config says so, and compute the RoPE frequencies where the weights are."""
+        if self.cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.inv_freq = rope_inv_freq(self.cfg).to(self.device)
+
     @property
     def device(self) -> torch.device:
         return self.model.embed_tokens.weight.device
@@ -259,7 +266,13 @@ class CausalLM(nn.Module):
         cfg = self.cfg
         shape = (2 * cfg.num_kv_heads, size, cfg.head_dim)
         dtype = dtype or self.dtype
-        return [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(cfg.num_layers)]
+        pools = [torch.empty(shape, dtype=dtype, device=self.device) for _ in range(cfg.num_layers)]
+        for pool in pools:
+            # A slot is read only after its token's K and V are written, except slot 0, which pads short
+            # sequences in a decode batch (masked out, but it must hold finite numbers). Leaving the rest
+            # unwritten keeps untouched pages out of resident memory on CPU.
+            pool[:, 0].zero_()
+        return pools
 
     def forward(  # type: ignore[override]
         self,

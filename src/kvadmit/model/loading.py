@@ -47,17 +47,29 @@ def load_hf_folder(
             state.update(load_file(str(f)))
         except Exception as e:
             raise ModelLoadError(f"{f}: not a readable safetensors file ({e})") from None
-    model = CausalLM(ModelConfig.from_hf(cfg_dict))
-    if model.cfg.tie_word_embeddings:
+    cfg = ModelConfig.from_hf(cfg_dict)
+    if cfg.tie_word_embeddings:
         state.pop("lm_head.weight", None)
-    missing, unexpected = model.load_state_dict(fuse_hf_state(state), strict=False)
-    missing = [m for m in missing if not (m == "lm_head.weight" and model.cfg.tie_word_embeddings)]
+    state = fuse_hf_state(state)
+    with torch.device("meta"):  # no memory and no random init for weights about to be replaced
+        model = CausalLM(cfg)
+    expected = set(model.state_dict())
+    if cfg.tie_word_embeddings:
+        expected.discard("lm_head.weight")
+    missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
     if missing or unexpected:
         raise ModelLoadError(
             f"{folder}: weights do not match the architecture (missing {missing[:3]}, "
             f"unexpected {unexpected[:3]})"
         )
-    model = model.to(dtype=dtype).to(device).eval()
+    # One tensor at a time, so that at most one extra copy exists; always a copy, so that no weight stays
+    # a view of the memory-mapped file (that would keep all of the file's pages mapped once touched).
+    for name in list(state):
+        state[name] = state[name].to(device=device, dtype=dtype, copy=True)
+    model.load_state_dict(state, strict=False, assign=True)
+    del state
+    model.tie_and_init_buffers()
+    model.eval()
     if pack and model.device.type == "cpu":
         pack_linears(model)
     return model
