@@ -86,6 +86,30 @@ def test_a_ragged_batch_and_a_cached_prefix_give_each_sequence_its_own_logits(tm
     torch.testing.assert_close(out[0], reference_logits(ref, c)[-1], atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("kind", ["llama", "qwen3"])
+def test_a_ragged_decode_batch_on_scattered_slots_matches_transformers(tmp_path: Path, kind: str) -> None:
+    ref, folder = save_tiny(tmp_path, kind)
+    ours = load_hf_folder(folder)
+    pool = ours.new_kv_pool(256)
+    prompts = [[5, 17, 3, 88, 41, 9, 60, 2, 33, 71, 12], [44, 7], [90, 1, 8, 19, 23]]
+    free = torch.randperm(256, generator=torch.Generator().manual_seed(3)).tolist()  # scattered slots
+    slots = [torch.tensor([free.pop() for _ in p]) for p in prompts]
+    ids = [t for p in prompts for t in p]
+    positions = [i for p in prompts for i in range(len(p))]
+    ours(torch.tensor(ids), torch.tensor(positions), [Sequence(s, len(s)) for s in slots], pool)
+    texts = [list(p) for p in prompts]
+    for step in range(4):  # one token each, all three in one batch; contexts stay ragged
+        new = [(7 * step + 3 * i) % 97 for i in range(3)]
+        for i, token in enumerate(new):
+            texts[i].append(token)
+            slots[i] = torch.cat([slots[i], torch.tensor([free.pop()])])
+        positions = [len(t) - 1 for t in texts]
+        seqs = [Sequence(s, 1) for s in slots]
+        out = ours(torch.tensor(new), torch.tensor(positions), seqs, pool)
+        for i, text in enumerate(texts):
+            torch.testing.assert_close(out[i], reference_logits(ref, text)[-1], atol=1e-4, rtol=1e-4)
+
+
 def test_llama3_rope_scaling_matches_transformers(tmp_path: Path) -> None:
     scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 64}  # fmt: skip
@@ -116,6 +140,14 @@ def test_bad_model_folders_get_one_clear_error_naming_the_file(tmp_path: Path) -
         load_hf_folder(odd)
     with pytest.raises(ModelLoadError, match=r"has no config\.json"):
         load_hf_folder(tmp_path / "nowhere")
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(str(folder / "model.safetensors"))
+    del weights["model.layers.1.mlp.down_proj.weight"]
+    save_file(weights, str(odd / "model.safetensors"))
+    with pytest.raises(ModelLoadError, match=r"odd: weights do not match the architecture \(missing "
+                       r"\['model\.layers\.1\.mlp\.down_proj\.weight'\], unexpected \[\]\)"):  # fmt: skip
+        load_hf_folder(odd)
 
 
 def test_a_bad_gguf_file_gets_one_clear_error(tmp_path: Path) -> None:
@@ -125,3 +157,34 @@ def test_a_bad_gguf_file_gets_one_clear_error(tmp_path: Path) -> None:
     bad.write_bytes(b"GGUF but not really")
     with pytest.raises(GGUFError, match=r"broken\.gguf: not a readable GGUF file"):
         convert_gguf(bad, tmp_path / "out")
+
+
+def test_a_gguf_with_an_unsupported_quantization_gets_one_clear_error(tmp_path: Path) -> None:
+    gguf = pytest.importorskip("gguf")
+    import numpy as np
+
+    from kvadmit.model.gguf_convert import GGUFError, convert_gguf
+
+    # A tiny llama GGUF whose embedding is Q8_K, a type the gguf package has no dequantizer for.
+    path = tmp_path / "tiny-q8k.gguf"
+    writer = gguf.GGUFWriter(str(path), arch="llama")
+    for key, value in [("head_count", 2), ("head_count_kv", 1)]:
+        writer.add_uint32(f"llama.attention.{key}", value)
+    for key, value in [("embedding_length", 256), ("feed_forward_length", 512), ("block_count", 1)]:
+        writer.add_uint32(f"llama.{key}", value)
+    writer.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
+    writer.add_tensor("output_norm.weight", np.ones(256, dtype=np.float32))
+    q8k = gguf.GGMLQuantizationType.Q8_K
+    row_bytes = gguf.GGML_QUANT_SIZES[q8k][1]  # one block of 256 values a row
+    writer.add_tensor("token_embd.weight", np.zeros((4, row_bytes), dtype=np.uint8), raw_dtype=q8k)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(GGUFError) as err:
+        convert_gguf(path, tmp_path / "out")
+    message = str(err.value)
+    assert str(path) in message
+    assert "tensor token_embd.weight uses quantization Q8_K" in message
+    assert "cannot dequantize" in message
+    assert not (tmp_path / "out" / "model.safetensors").exists()

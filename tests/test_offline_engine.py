@@ -43,7 +43,7 @@ PROMPTS = ["the quick brown", "over the lazy dog", "fox"]
 def test_a_batch_equals_each_request_alone_and_meta_info_adds_up(tiny_folder: Path) -> None:
     import kvadmit
 
-    engine = kvadmit.Engine(str(tiny_folder), max_total_tokens=2048, chunked_prefill_size=4)
+    engine = kvadmit.Engine(str(tiny_folder), dtype="float32", max_total_tokens=2048, chunked_prefill_size=4)
     together = engine.generate(PROMPTS, GREEDY)
     alone = [engine.generate(p, GREEDY) for p in PROMPTS]
     assert [o["output_ids"] for o in together] == [o["output_ids"] for o in alone]  # type: ignore[index]
@@ -61,10 +61,12 @@ def test_a_batch_equals_each_request_alone_and_meta_info_adds_up(tiny_folder: Pa
 def test_a_small_pool_retracts_for_real_and_changes_no_output(tiny_folder: Path) -> None:
     import kvadmit
 
-    big = kvadmit.Engine(str(tiny_folder), max_total_tokens=4096)
+    big = kvadmit.Engine(str(tiny_folder), dtype="float32", max_total_tokens=4096)
     reference = big.generate(PROMPTS * 3, {**GREEDY, "max_new_tokens": 40, "ignore_eos": False})
     # 160 slots cannot hold nine requests growing to ~45 tokens each: the scheduler retracts.
-    small = kvadmit.Engine(str(tiny_folder), max_total_tokens=160, schedule_conservativeness=0.1)
+    small = kvadmit.Engine(
+        str(tiny_folder), dtype="float32", max_total_tokens=160, schedule_conservativeness=0.1
+    )
     events: list[object] = []
     original = small.scheduler.drain_events
 
@@ -84,7 +86,7 @@ def test_a_small_pool_retracts_for_real_and_changes_no_output(tiny_folder: Path)
 def test_a_stop_string_ends_the_text_before_it(tiny_folder: Path) -> None:
     import kvadmit
 
-    engine = kvadmit.Engine(str(tiny_folder), max_total_tokens=2048)
+    engine = kvadmit.Engine(str(tiny_folder), dtype="float32", max_total_tokens=2048)
     full = engine.generate("the quick", {**GREEDY, "max_new_tokens": 30})
     text = full["text"]  # type: ignore[index]
     assert len(text) > 4
@@ -132,7 +134,7 @@ def test_the_engine_logs_sglangs_startup_line(tiny_folder: Path) -> None:
     import kvadmit
     from kvadmit.observe import loglines
 
-    engine = kvadmit.Engine(str(tiny_folder), mem_fraction_static=0.01)
+    engine = kvadmit.Engine(str(tiny_folder), dtype="float32", mem_fraction_static=0.01)
     fields = loglines.STARTUP.parse(engine.startup_line)
     assert fields is not None and fields["max_total_num_tokens"] == engine.scheduler.max_total_num_tokens > 0
     assert fields["mem_label"] == "available_cpu_mem"

@@ -63,11 +63,13 @@ def greedy_req(rid: str, prompt: list[int], max_new: int, ignore_eos: bool = Fal
 PROMPTS = [[5, 17, 3, 88, 41, 9, 60, 2], [33, 71, 12, 44, 7, 90, 1, 8, 19, 23, 42], [3, 3, 3, 3, 3]]
 
 
-@pytest.mark.parametrize("page_size", [1, 4])
-def test_scheduled_greedy_outputs_equal_transformers(tiny: tuple[object, Path], page_size: int) -> None:
+@pytest.mark.parametrize(("page_size", "chunk"), [(1, 8), (4, 8), (16, 16)])  # chunks are whole pages
+def test_scheduled_greedy_outputs_equal_transformers(
+    tiny: tuple[object, Path], page_size: int, chunk: int
+) -> None:
     ref, folder = tiny
     sched = Scheduler(
-        ServerArgs(max_total_tokens=512, page_size=page_size, chunked_prefill_size=8), context_len=512
+        ServerArgs(max_total_tokens=512, page_size=page_size, chunked_prefill_size=chunk), context_len=512
     )
     executor = TorchExecutor(load_hf_folder(folder), sched.pool.size)
     reqs = [greedy_req(f"r{i}", p, 12, ignore_eos=True) for i, p in enumerate(PROMPTS)]

@@ -43,19 +43,25 @@ class Engine:
         self,
         model_path: str | None = None,
         *,
-        dtype: str = "float32",
+        dtype: str = "auto",
+        device: str | None = None,
         mem_fraction_static: float | None = None,
         **server_args: Any,
     ) -> None:
-        import torch
+        """dtype: "auto" (bfloat16 where the CPU or GPU computes it natively, else float32 on a CPU and
+        float16 on a GPU), "bfloat16", "float16" or "float32". device: "cuda" when present, else "cpu"."""
         from transformers import AutoTokenizer
 
         from kvadmit.executor.torch_runner import TorchExecutor
+        from kvadmit.model.device import default_device, resolve_dtype
         from kvadmit.model.loading import load_hf_folder
 
+        self.device = device or default_device()
+        torch_dtype = resolve_dtype(dtype, self.device)
         folder = resolve_model_path(model_path)
         self.tokenizer = AutoTokenizer.from_pretrained(str(folder))
-        self.model = load_hf_folder(folder, getattr(torch, dtype))
+        self.model = load_hf_folder(folder, torch_dtype, self.device)
+        self.dtype = str(torch_dtype).removeprefix("torch.")
         if server_args.get("max_total_tokens") is None:
             server_args["max_total_tokens"] = self._pool_from_memory(mem_fraction_static)
         self.args = ServerArgs(**server_args)
@@ -72,22 +78,20 @@ class Engine:
         self._log_startup()
 
     def _weight_bytes(self) -> int:
-        return sum(p.numel() * p.element_size() for p in self.model.parameters())
+        return self.model.weight_bytes()
 
     def _kv_bytes_per_token(self) -> int:
         from kvadmit.model.sizing import kv_bytes_per_token
 
         cfg = self.model.cfg
-        return kv_bytes_per_token(
-            cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, self.model.lm_head.weight.element_size()
-        )
+        return kv_bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, self.model.dtype.itemsize)
 
     def _pool_from_memory(self, fraction: float | None) -> int:
-        from kvadmit.model.sizing import DEFAULT_CPU_MEM_FRACTION, available_memory_bytes, pool_tokens
+        from kvadmit.model.sizing import available_bytes, default_mem_fraction, pool_tokens
 
         return pool_tokens(
-            available_memory_bytes(),
-            DEFAULT_CPU_MEM_FRACTION if fraction is None else fraction,
+            available_bytes(self.device),
+            default_mem_fraction(self.device) if fraction is None else fraction,
             self._weight_bytes(),
             self._kv_bytes_per_token(),
         )
@@ -96,7 +100,7 @@ class Engine:
         """SGLang's start-up line, on the `kvadmit` logger."""
         import logging
 
-        from kvadmit.model.sizing import available_memory_bytes
+        from kvadmit.model.sizing import available_bytes
         from kvadmit.observe import loglines
 
         s = self.scheduler
@@ -106,8 +110,8 @@ class Engine:
             max_prefill_tokens=self.args.max_prefill_tokens,
             max_running_requests=s.max_running_requests,
             context_len=s.context_len,
-            mem_label="available_cpu_mem",
-            available_mem=available_memory_bytes() / 2**30,
+            mem_label="available_gpu_mem" if self.device.startswith("cuda") else "available_cpu_mem",
+            available_mem=available_bytes(self.device) / 2**30,
         )
         self.startup_line = line
         logging.getLogger("kvadmit").info(line)

@@ -328,6 +328,13 @@ def _generate_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
     p.add_argument("--top-k", type=int, default=-1)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--max-total-tokens", type=int, default=16384)
+    p.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "bfloat16", "float16", "float32"],
+        help="auto: bfloat16 where the CPU/GPU computes it natively, else float32 (CPU) / float16 (GPU)",
+    )
+    p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when present)")
     p.add_argument("--json", action="store_true", help="print text, output ids and meta info as JSON")
     p.set_defaults(func=_run_generate)
 
@@ -345,7 +352,7 @@ def _run_generate(ns: argparse.Namespace) -> int:
     params = {"max_new_tokens": ns.max_new_tokens, "temperature": ns.temperature, "top_p": ns.top_p,
               "top_k": ns.top_k, "sampling_seed": ns.seed}  # fmt: skip
     try:
-        engine = Engine(ns.model_path, max_total_tokens=ns.max_total_tokens)
+        engine = Engine(ns.model_path, dtype=ns.dtype, device=ns.device, max_total_tokens=ns.max_total_tokens)
         if ns.chat:
             out = engine.chat([{"role": "user", "content": ns.prompt}], params)
         else:

@@ -3,7 +3,7 @@
 A prefill computes each request's tokens fill_ids()[prefix_len:fill_len] into slots kv[prefix_len:
 fill_len], attending to everything before them; a decode computes each request's last output token into
 slot kv[-1]. Either way the request's slots, in position order, are exactly kv[:end]. Each request's
-next token is drawn with its own sampling parameters (greedy ones by argmax).
+next token is drawn with its own sampling parameters (greedy ones by argmax, all in one call).
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import time
 import torch
 
 from kvadmit.executor.base import StepResult
-from kvadmit.model.llama import CausalLM, Sequence
+from kvadmit.model.forward_batch import ForwardBatch, Sequence
+from kvadmit.model.llama import CausalLM
 from kvadmit.model.sampling import Sampler
 from kvadmit.scheduler.types import ScheduledBatch
 
@@ -26,8 +27,8 @@ class TorchExecutor:
         self.kv_pool = model.new_kv_pool(pool_size, dtype)
         self.sampler = Sampler(seed)
 
-    def run(self, batch: ScheduledBatch) -> StepResult:
-        start = time.perf_counter()
+    def forward_batch(self, batch: ScheduledBatch) -> ForwardBatch:
+        """The model's input for one scheduled batch."""
         ids: list[int] = []
         positions: list[int] = []
         seqs: list[Sequence] = []
@@ -41,10 +42,15 @@ class TorchExecutor:
                 ids.append(req.output_ids[-1])
             positions += range(begin, end)
             seqs.append(Sequence(torch.tensor(req.kv[:end]), end - begin))
-        logits = self.model(torch.tensor(ids), torch.tensor(positions), seqs, self.kv_pool)
-        greedy = logits.argmax(dim=-1).tolist()
-        tokens = [
-            token if req.params.greedy else self.sampler.sample(req.rid, logits[i], req.params)
-            for i, (req, token) in enumerate(zip(batch.reqs, greedy, strict=True))
-        ]
+        return ForwardBatch.build(torch.tensor(ids), torch.tensor(positions), seqs, self.model.device)
+
+    @torch.inference_mode()
+    def run(self, batch: ScheduledBatch) -> StepResult:
+        start = time.perf_counter()
+        logits = self.model.forward_batch(self.forward_batch(batch), self.kv_pool)
+        logits = logits.float()  # exact; and argmax over bf16 is slow on CPU
+        tokens = logits.argmax(dim=-1).tolist()  # the step's one device-to-host sync
+        for i, req in enumerate(batch.reqs):
+            if not req.params.greedy:  # drawn on the CPU, where the per-request generators live
+                tokens[i] = self.sampler.sample(req.rid, logits[i].cpu(), req.params)
         return StepResult(tokens, time.perf_counter() - start)

@@ -87,8 +87,8 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, dtype: str = "bfloa
             w = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
         except NotImplementedError:
             raise GGUFError(
-                f"{path.name}: tensor {t.name} uses quantization {t.tensor_type.name}, which this "
-                "converter cannot dequantize"
+                f"{path}: tensor {t.name} uses quantization {t.tensor_type.name}, which the gguf package "
+                "cannot dequantize; use a file quantized as F16, BF16, Q8_0, Q4_K or similar, or an HF folder"
             ) from None
         parts = t.name.split(".")
         if parts[0] == "blk":

@@ -1,10 +1,14 @@
 """A decoder-only Llama-family transformer (Llama / SmolLM2, Qwen2, Qwen3) whose KV cache lives in the
-token pool: one K and one V tensor per layer, indexed by the slot ids the scheduler's allocator hands out.
+token pool: one tensor per layer holding K and V, indexed by the slot ids the scheduler's allocator hands
+out.
 
 A forward pass computes the new tokens of several sequences at once (a ragged prefill, or one token each
 for decode). Each sequence names the pool slots of all its tokens, in position order; the new tokens are
-the last ones. Their K and V are written into their slots first, then each sequence attends over its
-slots with a causal mask. Parameter names follow transformers' checkpoints, so a state dict loads as is.
+the last ones. Their K and V are written into their slots first, then the sequences attend over their
+slots (forward_batch.py: one batched attention for decode, one call per sequence for prefill). What every
+layer shares (RoPE tables, gather indices, masks) is computed once per pass. Parameter names follow
+transformers' checkpoints except that q/k/v and gate/up are fused into one matmul each (`fuse_hf_state`
+does that at load time).
 
 Written from the architecture's description (RMSNorm, rotary embeddings, grouped-query attention, SwiGLU);
 transformers' implementation is used only in the tests, as the reference to compare logits with.
@@ -19,6 +23,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from kvadmit.model.forward_batch import ForwardBatch, Sequence, pool_attention
+
+__all__ = ["CausalLM", "ForwardBatch", "ModelConfig", "Sequence", "fuse_hf_state"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,15 +76,6 @@ class ModelConfig:
         )
 
 
-@dataclass(frozen=True, slots=True)
-class Sequence:
-    """One sequence of a forward pass: the pool slots of all its tokens (position order); the last
-    `num_new` of them are this pass's tokens."""
-
-    slots: torch.Tensor  # [context] int64
-    num_new: int
-
-
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -84,10 +83,11 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
+        # Normalised in float32, rounded to the input's dtype, then scaled (as the reference does). Written
+        # out: F.rms_norm converts the weight to float32 on every call.
         x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(dtype)
+        x32 = x32 * torch.rsqrt(x32.square().mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
 
 
 def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
@@ -115,12 +115,21 @@ def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
     raise ValueError(f"unsupported rope scaling {kind!r}; supported: linear, llama3")
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [T, heads, dim]; cos/sin [T, dim]. Rotates the two halves of each head (rotate_half form)."""
-    half = x.shape[-1] // 2
-    x1, x2 = x[..., :half], x[..., half:]
-    rotated = torch.cat((-x2, x1), dim=-1)
-    return x * cos[:, None, :] + rotated * sin[:, None, :]
+RopeTables = tuple[torch.Tensor, torch.Tensor]  # cos, signed sin: [T, head_dim] each
+
+
+def rope_tables(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype) -> RopeTables:
+    """cos and signed sin [T, dim] of each position, computed once per pass and shared by every layer."""
+    freqs = positions.float()[:, None] * inv_freq[None, :]
+    cos, sin = freqs.cos(), freqs.sin()
+    return torch.cat((cos, cos), dim=-1).to(dtype), torch.cat((-sin, sin), dim=-1).to(dtype)
+
+
+def apply_rope(x: torch.Tensor, rope: RopeTables) -> torch.Tensor:
+    """x [T, heads, dim]. Rotates the two halves of each head (the rotate-half form):
+    (x1, x2) → (x1·cos − x2·sin, x2·cos + x1·sin); rolling by half a head swaps the halves."""
+    cos, signed_sin = rope
+    return x * cos[:, None, :] + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin[:, None, :]
 
 
 class Attention(nn.Module):
@@ -128,9 +137,8 @@ class Attention(nn.Module):
         super().__init__()
         self.cfg = cfg
         h, kv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        self.q_proj = nn.Linear(cfg.hidden_size, h * d, bias=cfg.attention_bias)
-        self.k_proj = nn.Linear(cfg.hidden_size, kv * d, bias=cfg.attention_bias)
-        self.v_proj = nn.Linear(cfg.hidden_size, kv * d, bias=cfg.attention_bias)
+        # q, k and v in one matmul: rows [q heads | k heads | v heads] (fused at load time).
+        self.qkv_proj = nn.Linear(cfg.hidden_size, (h + 2 * kv) * d, bias=cfg.attention_bias)
         self.o_proj = nn.Linear(h * d, cfg.hidden_size, bias=False)
         if cfg.qk_norm:
             self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
@@ -139,49 +147,35 @@ class Attention(nn.Module):
     def forward(
         self,
         x: torch.Tensor,  # [T, hidden]
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        out_slots: torch.Tensor,  # [T]
-        seqs: list[Sequence],
-        k_pool: torch.Tensor,  # [pool, kv_heads, dim]
-        v_pool: torch.Tensor,
+        rope: RopeTables,
+        fb: ForwardBatch,
+        kv_pool: torch.Tensor,  # [2·kv_heads, pool, dim]
     ) -> torch.Tensor:
         cfg = self.cfg
-        t = x.shape[0]
-        q = self.q_proj(x).view(t, cfg.num_heads, cfg.head_dim)
-        k = self.k_proj(x).view(t, cfg.num_kv_heads, cfg.head_dim)
-        v = self.v_proj(x).view(t, cfg.num_kv_heads, cfg.head_dim)
+        h, kv = cfg.num_heads, cfg.num_kv_heads
+        qkv = self.qkv_proj(x).view(x.shape[0], h + 2 * kv, cfg.head_dim)
         if cfg.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        k_pool[out_slots] = k.to(k_pool.dtype)
-        v_pool[out_slots] = v.to(v_pool.dtype)
-        groups = cfg.num_heads // cfg.num_kv_heads
-        outputs = []
-        start = 0
-        for seq in seqs:
-            n = seq.num_new
-            ctx = seq.slots.shape[0]
-            qs = q[start : start + n].transpose(0, 1)  # [heads, n, dim]
-            ks = k_pool[seq.slots].to(q.dtype).repeat_interleave(groups, dim=1).transpose(0, 1)
-            vs = v_pool[seq.slots].to(q.dtype).repeat_interleave(groups, dim=1).transpose(0, 1)
-            # New token i sits at context position ctx − n + i and sees positions up to it.
-            mask = torch.arange(ctx)[None, :] <= (ctx - n + torch.arange(n))[:, None]
-            outputs.append(F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask).transpose(0, 1))
-            start += n
-        out = torch.cat(outputs, dim=0).reshape(t, cfg.num_heads * cfg.head_dim)
-        return self.o_proj(out)
+            qk = torch.cat((self.q_norm(qkv[:, :h]), self.k_norm(qkv[:, h : h + kv])), dim=1)
+        else:
+            qk = qkv[:, : h + kv]
+        qk = apply_rope(qk, rope)
+        q, k, v = qk[:, :h], qk[:, h:], qkv[:, h + kv :]
+        # The new tokens' K and V go into their slots first, so that they attend to themselves too.
+        kv_pool[:kv].index_copy_(1, fb.out_slots, k.transpose(0, 1).to(kv_pool.dtype))
+        kv_pool[kv:].index_copy_(1, fb.out_slots, v.transpose(0, 1).to(kv_pool.dtype))
+        return self.o_proj(pool_attention(q, k, v, kv_pool, fb))
 
 
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        # gate and up in one matmul: rows [gate | up] (fused at load time).
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):
@@ -192,6 +186,12 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
+    def forward(
+        self, h: torch.Tensor, rope: RopeTables, fb: ForwardBatch, kv_pool: torch.Tensor
+    ) -> torch.Tensor:
+        h = h + self.self_attn(self.input_layernorm(h), rope, fb, kv_pool)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
 
 class _Body(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
@@ -199,6 +199,23 @@ class _Body(nn.Module):
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+def fuse_hf_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A transformers state dict with q/k/v and gate/up concatenated into this model's fused
+    projections. Layers missing a part are left as they are (loading then names what is missing)."""
+    out = dict(state)
+    fusions = (("self_attn.", ("q_proj", "k_proj", "v_proj"), "qkv_proj"),
+               ("mlp.", ("gate_proj", "up_proj"), "gate_up_proj"))  # fmt: skip
+    prefixes = {k[: k.index(".self_attn.") + 1] for k in state if ".self_attn.q_proj." in k}
+    prefixes |= {k[: k.index(".mlp.") + 1] for k in state if ".mlp.gate_proj." in k}
+    for prefix in prefixes:
+        for scope, parts, fused in fusions:
+            for kind in ("weight", "bias"):
+                names = [f"{prefix}{scope}{p}.{kind}" for p in parts]
+                if all(n in out for n in names):
+                    out[f"{prefix}{scope}{fused}.{kind}"] = torch.cat([out.pop(n) for n in names])
+    return out
 
 
 class CausalLM(nn.Module):
@@ -213,32 +230,65 @@ class CausalLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
 
-    def new_kv_pool(
-        self, size: int, dtype: torch.dtype | None = None
-    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Per layer, the K and V tensors of a pool of `size` token slots."""
-        cfg = self.cfg
-        dtype = dtype or self.lm_head.weight.dtype
-        shape = (size, cfg.num_kv_heads, cfg.head_dim)
-        return [
-            (torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype)) for _ in range(cfg.num_layers)
-        ]
+    def tie_and_init_buffers(self) -> None:
+        """After loading weights into a model built on the meta device: tie lm_head to the embedding
+        if the config says so, and compute the RoPE frequencies where the weights are."""
+        if self.cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.inv_freq = rope_inv_freq(self.cfg).to(self.device)
 
-    @torch.inference_mode()
+    @property
+    def device(self) -> torch.device:
+        return self.model.embed_tokens.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.embed_tokens.weight.dtype
+
+    def weight_bytes(self) -> int:
+        """Bytes of weights held in memory (packed copies included, a tied tensor once)."""
+        tensors = {id(t): t for t in [*self.parameters(), *self.buffers()] if t is not self.inv_freq}
+        return sum(t.numel() * t.element_size() for t in tensors.values())
+
+    def step_read_bytes(self) -> int:
+        """Bytes of weights a decode step reads: all but the embedding table (of which it reads a row per
+        token), with the output projection counted even when it is the tied embedding."""
+        total = 0
+        for m in self.modules():
+            if m is not self and m is not self.model.embed_tokens:
+                own = [*m.parameters(recurse=False), *m.buffers(recurse=False)]  # packed weights are buffers
+                total += sum(t.numel() * t.element_size() for t in own)
+        return total
+
+    def new_kv_pool(self, size: int, dtype: torch.dtype | None = None) -> list[torch.Tensor]:
+        """Per layer, the K and V of a pool of `size` token slots: [2·kv_heads, size, head_dim], K heads
+        first."""
+        cfg = self.cfg
+        shape = (2 * cfg.num_kv_heads, size, cfg.head_dim)
+        dtype = dtype or self.dtype
+        pools = [torch.empty(shape, dtype=dtype, device=self.device) for _ in range(cfg.num_layers)]
+        for pool in pools:
+            # A slot is read only after its token's K and V are written, except slot 0, which pads short
+            # sequences in a decode batch (masked out, but it must hold finite numbers). Leaving the rest
+            # unwritten keeps untouched pages out of resident memory on CPU.
+            pool[:, 0].zero_()
+        return pools
+
     def forward(  # type: ignore[override]
         self,
         input_ids: torch.Tensor,  # [T] the new tokens of all sequences, sequence after sequence
         positions: torch.Tensor,  # [T]
         seqs: list[Sequence],
-        kv_pool: list[tuple[torch.Tensor, torch.Tensor]],
+        kv_pool: list[torch.Tensor],
     ) -> torch.Tensor:
-        out_slots = torch.cat([s.slots[s.slots.shape[0] - s.num_new :] for s in seqs])
-        freqs = positions.float()[:, None] * self.inv_freq[None, :]
-        emb = torch.cat((freqs, freqs), dim=-1)
-        h = self.model.embed_tokens(input_ids)
-        cos, sin = emb.cos().to(h.dtype), emb.sin().to(h.dtype)
-        for layer, (k_pool, v_pool) in zip(self.model.layers, kv_pool, strict=True):
-            h = h + layer.self_attn(layer.input_layernorm(h), cos, sin, out_slots, seqs, k_pool, v_pool)
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
-        ends = torch.cumsum(torch.tensor([s.num_new for s in seqs]), 0) - 1
-        return self.lm_head(self.model.norm(h[ends]))
+        fb = ForwardBatch.build(input_ids, positions, seqs, self.device)
+        return self.forward_batch(fb, kv_pool)
+
+    @torch.inference_mode()
+    def forward_batch(self, fb: ForwardBatch, kv_pool: list[torch.Tensor]) -> torch.Tensor:
+        """[B, vocab] logits of each sequence's last new token."""
+        h = self.model.embed_tokens(fb.input_ids)
+        rope = rope_tables(fb.positions, self.inv_freq, h.dtype)
+        for layer, pool in zip(self.model.layers, kv_pool, strict=True):
+            h = layer(h, rope, fb, pool)
+        return self.lm_head(self.model.norm(h[fb.last]))

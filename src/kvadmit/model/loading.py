@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from kvadmit.model.llama import CausalLM, ModelConfig
+from kvadmit.model.llama import CausalLM, ModelConfig, fuse_hf_state
 
 SUPPORTED = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 
@@ -16,8 +16,14 @@ class ModelLoadError(ValueError):
     """The folder is not a model we can load; the message says what is missing or unsupported."""
 
 
-def load_hf_folder(path: str | Path, dtype: torch.dtype = torch.float32) -> CausalLM:
+def load_hf_folder(
+    path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu", pack: bool = True
+) -> CausalLM:
+    """The model in `folder`, in `dtype` on `device`. On CPU in bf16 its linear layers are packed for
+    oneDNN (cpu_pack.py) unless `pack` is False."""
     from safetensors.torch import load_file
+
+    from kvadmit.model.cpu_pack import pack_linears
 
     folder = Path(path)
     config_path = folder / "config.json"
@@ -41,14 +47,29 @@ def load_hf_folder(path: str | Path, dtype: torch.dtype = torch.float32) -> Caus
             state.update(load_file(str(f)))
         except Exception as e:
             raise ModelLoadError(f"{f}: not a readable safetensors file ({e})") from None
-    model = CausalLM(ModelConfig.from_hf(cfg_dict))
-    if model.cfg.tie_word_embeddings:
+    cfg = ModelConfig.from_hf(cfg_dict)
+    if cfg.tie_word_embeddings:
         state.pop("lm_head.weight", None)
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    missing = [m for m in missing if not (m == "lm_head.weight" and model.cfg.tie_word_embeddings)]
+    state = fuse_hf_state(state)
+    with torch.device("meta"):  # no memory and no random init for weights about to be replaced
+        model = CausalLM(cfg)
+    expected = set(model.state_dict())
+    if cfg.tie_word_embeddings:
+        expected.discard("lm_head.weight")
+    missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
     if missing or unexpected:
         raise ModelLoadError(
             f"{folder}: weights do not match the architecture (missing {missing[:3]}, "
             f"unexpected {unexpected[:3]})"
         )
-    return model.to(dtype).eval()
+    # One tensor at a time, so that at most one extra copy exists; always a copy, so that no weight stays
+    # a view of the memory-mapped file (that would keep all of the file's pages mapped once touched).
+    for name in list(state):
+        state[name] = state[name].to(device=device, dtype=dtype, copy=True)
+    model.load_state_dict(state, strict=False, assign=True)
+    del state
+    model.tie_and_init_buffers()
+    model.eval()
+    if pack and model.device.type == "cpu":
+        pack_linears(model)
+    return model

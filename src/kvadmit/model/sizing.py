@@ -1,12 +1,27 @@
 """KV pool size from memory, as SGLang sizes it: a fraction of the memory (`--mem-fraction-static`) holds
 the weights and the pool; the pool gets what the weights leave. On CPU the memory is the system's
-available memory at start-up."""
+available memory at start-up, on CUDA the device's free memory."""
 
 from __future__ import annotations
 
 import os
 
 DEFAULT_CPU_MEM_FRACTION = 0.2  # of available system memory (weights + KV pool)
+# SGLang derives its GPU default from the GPU's size and the parallelism; one fixed value here.
+DEFAULT_CUDA_MEM_FRACTION = 0.85
+
+
+def default_mem_fraction(device: str) -> float:
+    return DEFAULT_CUDA_MEM_FRACTION if device.startswith("cuda") else DEFAULT_CPU_MEM_FRACTION
+
+
+def available_bytes(device: str) -> int:
+    """Free memory where the pool will live: the CUDA device's, or the system's."""
+    if device.startswith("cuda"):
+        import torch
+
+        return int(torch.cuda.mem_get_info(torch.device(device))[0])
+    return available_memory_bytes()
 
 
 def available_memory_bytes() -> int:

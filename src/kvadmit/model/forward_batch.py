@@ -1,0 +1,146 @@
+"""One forward pass over the token pool: what every layer needs, computed once per pass, and the attention
+that reads each sequence's K and V from its pool slots.
+
+A pass computes the new tokens of B sequences: a ragged prefill, or one token each (decode). Sequence b has
+`ctx_b` tokens in its slots, the last `n_b` of them new. A layer's pool is one tensor [2·kv_heads, slots,
+head_dim] (K heads, then V heads), so that gathering slots yields each head's keys as one contiguous block.
+
+* Decode: one gather of every sequence's slots into a padded [2·kv_heads, B, L] layout (L = the longest
+  context; padding points at slot 0 and is masked out), then attention for the whole batch in two batched
+  matmuls: each KV head's `groups` query heads against its keys, scores in float32 for the softmax.
+* Prefill: attention per sequence (its cost is in the matmuls, not in the loop). A sequence without a
+  cached prefix attends causally over its own new K and V; one with a prefix gathers its slots and uses a
+  mask aligned to its last token.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True, slots=True)
+class Sequence:
+    """One sequence of a forward pass: the pool slots of all its tokens (position order); the last
+    `num_new` of them are this pass's tokens."""
+
+    slots: torch.Tensor  # [context] int64
+    num_new: int
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillPart:
+    """One sequence of a prefill: its new tokens are rows start:start+num_new of the pass."""
+
+    start: int
+    num_new: int
+    slots: torch.Tensor | None  # all its slots when it has a cached prefix; None: it attends to itself only
+    mask: torch.Tensor | None  # [num_new, context] keys each new token sees (with a prefix)
+
+
+@dataclass(frozen=True, slots=True)
+class ForwardBatch:
+    input_ids: torch.Tensor  # [T] the new tokens, sequence after sequence
+    positions: torch.Tensor  # [T]
+    out_slots: torch.Tensor  # [T] where the new tokens' K and V are written
+    last: torch.Tensor  # [B] index into T of each sequence's last new token
+    gather: torch.Tensor | None  # decode: [B·L] every sequence's slots, each padded to L with slot 0
+    key_bias: torch.Tensor | None  # decode: [1, B, 1, L] 0 for a key, −inf for padding; None: no padding
+    prefill: tuple[PrefillPart, ...]  # prefill: one part per sequence; empty for decode
+
+    @property
+    def num_seqs(self) -> int:
+        return self.last.shape[0]
+
+    @classmethod
+    def build(
+        cls,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        seqs: list[Sequence],
+        device: torch.device | str = "cpu",
+    ) -> ForwardBatch:
+        new = [s.num_new for s in seqs]
+        ctx = [s.slots.shape[0] for s in seqs]
+        out_slots = torch.cat([s.slots[c - n :] for s, c, n in zip(seqs, ctx, new, strict=True)])
+        last = torch.cumsum(torch.tensor(new), 0) - 1
+        gather = key_bias = None
+        parts: list[PrefillPart] = []
+        if all(n == 1 for n in new):
+            length = max(ctx)
+            gather = torch.nn.utils.rnn.pad_sequence([s.slots for s in seqs], batch_first=True).view(-1)
+            if any(c != length for c in ctx):
+                padding = torch.arange(length)[None, :] >= torch.tensor(ctx)[:, None]  # [B, L]
+                key_bias = torch.zeros(padding.shape).masked_fill_(padding, float("-inf"))[None, :, None]
+                key_bias = key_bias.to(device)
+            gather = gather.to(device)
+        else:
+            start = 0
+            for s, c, n in zip(seqs, ctx, new, strict=True):
+                if c == n:
+                    parts.append(PrefillPart(start, n, None, None))
+                else:
+                    # New token i sits at position c − n + i and sees the keys up to it.
+                    mask = torch.arange(c)[None, :] <= (c - n + torch.arange(n))[:, None]
+                    parts.append(PrefillPart(start, n, s.slots.to(device), mask.to(device)))
+                start += n
+        return cls(
+            input_ids=input_ids.to(device),
+            positions=positions.to(device),
+            out_slots=out_slots.to(device),
+            last=last.to(device),
+            gather=gather,
+            key_bias=key_bias,
+            prefill=tuple(parts),
+        )
+
+
+def pool_attention(
+    q: torch.Tensor,  # [T, heads, dim]
+    k: torch.Tensor,  # [T, kv_heads, dim] the new tokens' K and V (already in the pool too)
+    v: torch.Tensor,
+    kv_pool: torch.Tensor,  # [2·kv_heads, pool, dim]: K heads then V heads
+    fb: ForwardBatch,
+) -> torch.Tensor:
+    """Attention of the new tokens over their sequences' slots. Returns [T, heads·dim]."""
+    if fb.gather is not None:
+        return _decode_attention(q, kv_pool, fb.gather, fb.key_bias)
+    out = []
+    for part in fb.prefill:
+        rows = slice(part.start, part.start + part.num_new)
+        qs = q[rows].transpose(0, 1)[None]  # [1, heads, n, dim]
+        if part.slots is None:
+            ks = k[rows].to(kv_pool.dtype).transpose(0, 1)[None]  # as the pool holds them
+            vs = v[rows].to(kv_pool.dtype).transpose(0, 1)[None]
+        else:
+            kv = kv_pool.index_select(1, part.slots)  # [2·kv_heads, context, dim]
+            ks, vs = kv.chunk(2)
+            ks, vs = ks[None], vs[None]
+        o = F.scaled_dot_product_attention(
+            qs, ks.to(q.dtype), vs.to(q.dtype), attn_mask=part.mask, is_causal=part.mask is None,
+            enable_gqa=True,
+        )  # fmt: skip
+        out.append(o[0].transpose(0, 1).reshape(part.num_new, -1))
+    return torch.cat(out) if len(out) > 1 else out[0]
+
+
+def _decode_attention(
+    q: torch.Tensor, kv_pool: torch.Tensor, gather: torch.Tensor, key_bias: torch.Tensor | None
+) -> torch.Tensor:
+    b, heads, dim = q.shape
+    kv_heads = kv_pool.shape[0] // 2
+    # A single sequence is computed in float32: its matrices are tiny, and tiny bf16 matmuls are slower
+    # than float32 ones on CPU. A batch keeps the model's dtype (scores in it, softmax in float32).
+    dtype = torch.float32 if b == 1 else q.dtype
+    kv = kv_pool.index_select(1, gather).view(2 * kv_heads, b, -1, dim).to(dtype)  # [2·kv, B, L, dim]
+    keys, values = kv[:kv_heads], kv[kv_heads:]
+    # Heads are kv_head·groups + group: [B, heads, dim] → [kv_heads, B, groups, dim].
+    queries = q.view(b, kv_heads, -1, dim).transpose(0, 1).to(dtype)
+    scores = torch.matmul(queries, keys.transpose(-1, -2)).float() * (1 / math.sqrt(dim))  # [kv, B, g, L]
+    if key_bias is not None:
+        scores += key_bias
+    probs = torch.softmax(scores, dim=-1).to(dtype)
+    return torch.matmul(probs, values).transpose(0, 1).reshape(b, heads * dim).to(q.dtype)
