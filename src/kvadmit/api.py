@@ -7,7 +7,6 @@ min_p 0, stop, stop_token_ids, ignore_eos, min_new_tokens, sampling_seed).
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from kvadmit.config import ServerArgs
@@ -22,22 +21,6 @@ _SAMPLING_KEYS = {
 }  # fmt: skip
 
 
-def resolve_model_path(model_path: str | None) -> Path:
-    """None: the default model. A .gguf file: converted once into the cache. Else an HF folder."""
-    from kvadmit.model.default import cache_dir, ensure_default_model
-    from kvadmit.model.gguf_convert import convert_gguf
-
-    if model_path is None:
-        return ensure_default_model()
-    path = Path(model_path)
-    if path.suffix == ".gguf" and path.is_file():
-        target = cache_dir() / (path.stem + "-converted")
-        if not (target / "model.safetensors").is_file():
-            convert_gguf(path, target)
-        return target
-    return path
-
-
 class Engine:
     def __init__(
         self,
@@ -50,20 +33,21 @@ class Engine:
     ) -> None:
         """dtype: "auto" (bfloat16 where the CPU or GPU computes it natively, else float32 on a CPU and
         float16 on a GPU), "bfloat16", "float16" or "float32". device: "cuda" when present, else "cpu"."""
-        from transformers import AutoTokenizer
-
         from kvadmit.executor.torch_runner import TorchExecutor
-        from kvadmit.model.device import default_device, resolve_dtype
-        from kvadmit.model.loading import load_hf_folder
+        from kvadmit.model.runtime import load_model
 
-        self.device = device or default_device()
-        torch_dtype = resolve_dtype(dtype, self.device)
-        folder = resolve_model_path(model_path)
-        self.tokenizer = AutoTokenizer.from_pretrained(str(folder))
-        self.model = load_hf_folder(folder, torch_dtype, self.device)
-        self.dtype = str(torch_dtype).removeprefix("torch.")
-        if server_args.get("max_total_tokens") is None:
-            server_args["max_total_tokens"] = self._pool_from_memory(mem_fraction_static)
+        loaded = load_model(
+            model_path,
+            dtype=dtype,
+            device=device,
+            max_total_tokens=server_args.get("max_total_tokens"),
+            mem_fraction_static=mem_fraction_static,
+        )
+        self.device = loaded.device
+        self.tokenizer = loaded.tokenizer
+        self.model = loaded.model
+        self.dtype = loaded.dtype
+        server_args["max_total_tokens"] = loaded.pool_size
         self.args = ServerArgs(**server_args)
         eos = self.tokenizer.eos_token_id
         self.scheduler = Scheduler(
@@ -76,25 +60,6 @@ class Engine:
         self._stops: dict[str, tuple[list[str], Any]] = {}
         self._count = 0
         self._log_startup()
-
-    def _weight_bytes(self) -> int:
-        return self.model.weight_bytes()
-
-    def _kv_bytes_per_token(self) -> int:
-        from kvadmit.model.sizing import kv_bytes_per_token
-
-        cfg = self.model.cfg
-        return kv_bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, self.model.dtype.itemsize)
-
-    def _pool_from_memory(self, fraction: float | None) -> int:
-        from kvadmit.model.sizing import available_bytes, default_mem_fraction, pool_tokens
-
-        return pool_tokens(
-            available_bytes(self.device),
-            default_mem_fraction(self.device) if fraction is None else fraction,
-            self._weight_bytes(),
-            self._kv_bytes_per_token(),
-        )
 
     def _log_startup(self) -> None:
         """SGLang's start-up line, on the `kvadmit` logger."""

@@ -44,11 +44,11 @@ def run_profile(ns: argparse.Namespace) -> int:
 
     import torch
 
-    from kvadmit.api import resolve_model_path
     from kvadmit.commands.costs import describe
     from kvadmit.executor.profile import Measurement, profile_model, with_metadata
     from kvadmit.model.default import DefaultModelError
     from kvadmit.model.loading import ModelLoadError, load_hf_folder
+    from kvadmit.model.runtime import resolve_model_path
 
     if ns.repeats <= 0:
         raise UsageError(f"--repeats must be positive, got {ns.repeats}")

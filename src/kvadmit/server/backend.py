@@ -100,50 +100,29 @@ def model_backend(
     model_path: str | None,
     tokenizer_path: str | None,
     dtype: str,
-    device: str,
+    device: str | None,
     max_total_tokens: int | None,
     mem_fraction_static: float | None,
     context_length: int | None,
 ) -> Backend:
     """Load the model (the default one when model_path is None) and size the pool."""
-    import torch
-    from transformers import AutoTokenizer
-
-    from kvadmit.api import resolve_model_path
     from kvadmit.executor.torch_runner import TorchExecutor
-    from kvadmit.model.loading import load_hf_folder
-    from kvadmit.model.sizing import (
-        DEFAULT_CPU_MEM_FRACTION,
-        available_memory_bytes,
-        kv_bytes_per_token,
-        pool_tokens,
-    )
+    from kvadmit.model.runtime import load_model
 
-    folder = resolve_model_path(model_path)
-    tok_folder = tokenizer_path or str(folder)
-    tokenizer = AutoTokenizer.from_pretrained(tok_folder)
-    model = load_hf_folder(folder, getattr(torch, dtype))
-    if device != "cpu":
-        model = model.to(device)
-    cfg = model.cfg
-    available = available_memory_bytes()
-    if max_total_tokens is None:
-        weights = sum(p.numel() * p.element_size() for p in model.parameters())
-        per_token = kv_bytes_per_token(
-            cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, model.lm_head.weight.element_size()
-        )
-        fraction = DEFAULT_CPU_MEM_FRACTION if mem_fraction_static is None else mem_fraction_static
-        max_total_tokens = pool_tokens(available, fraction, weights, per_token)
-    eos = tokenizer.eos_token_id
+    m = load_model(
+        model_path, tokenizer_path=tokenizer_path, dtype=dtype, device=device,
+        max_total_tokens=max_total_tokens, mem_fraction_static=mem_fraction_static,
+    )  # fmt: skip
+    eos = m.tokenizer.eos_token_id
     return Backend(
-        tokenizer=tokenizer,
-        executor=TorchExecutor(model, max_total_tokens),
-        pool_size=max_total_tokens,
-        context_len=context_length or cfg.max_position_embeddings,
+        tokenizer=m.tokenizer,
+        executor=TorchExecutor(m.model, m.pool_size),
+        pool_size=m.pool_size,
+        context_len=context_length or m.model.cfg.max_position_embeddings,
         eos_token_ids=frozenset({eos} if eos is not None else set()),
-        model_path=str(model_path or folder),
-        tokenizer_path=tok_folder,
-        device=device,
-        dtype=dtype,
-        available_mem_gb=available / 2**30,
+        model_path=str(model_path or m.folder),
+        tokenizer_path=m.tokenizer_path,
+        device=m.device,
+        dtype=m.dtype,
+        available_mem_gb=m.available_bytes / 2**30,
     )

@@ -31,7 +31,8 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--tokenizer-path", default=None)
     g.add_argument("--host", default="127.0.0.1")
     g.add_argument("--port", type=int, default=30000)
-    g.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    g.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                   help="auto: bfloat16 where computed natively, else float32 (CPU) / float16")  # fmt: skip
     g.add_argument("--device", default="auto", help="cpu, cuda, or auto (cuda when present)")
     g.add_argument("--mem-fraction-static", type=float, default=None)
     g.add_argument("--served-model-name", default=None)
@@ -65,20 +66,6 @@ def _setup_logging(level: str, log_file: str | None) -> None:
     root.propagate = False
 
 
-def _device(name: str) -> str:
-    if name != "auto":
-        return name
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def _dtype(name: str, device: str) -> str:
-    if name != "auto":
-        return name
-    return "bfloat16" if device == "cuda" else "float32"
-
-
 def build_state(ns: argparse.Namespace, args: ServerArgs) -> Any:
     from kvadmit.server.backend import model_backend, simulated_backend
     from kvadmit.server.metrics import ServerMetrics
@@ -98,11 +85,10 @@ def build_state(ns: argparse.Namespace, args: ServerArgs) -> Any:
         from kvadmit.model.default import DefaultModelError
         from kvadmit.model.loading import ModelLoadError
 
-        device = _device(ns.device)
         try:
             backend = model_backend(
-                ns.model_path, ns.tokenizer_path, _dtype(ns.dtype, device), device, args.max_total_tokens,
-                ns.mem_fraction_static, args.context_length,
+                ns.model_path, ns.tokenizer_path, ns.dtype, None if ns.device == "auto" else ns.device,
+                args.max_total_tokens, ns.mem_fraction_static, args.context_length,
             )  # fmt: skip
         except (ModelLoadError, DefaultModelError, OSError, ValueError) as e:
             raise UsageError(f"cannot load the model: {e}") from None

@@ -1,0 +1,79 @@
+"""Load a model for serving, once, the same way for the offline Engine and `kvadmit serve`: the folder
+(default model, GGUF or HF folder), its tokenizer, the device and dtype resolved, and the KV pool's size
+(--max-total-tokens, or --mem-fraction-static of the memory available at start-up minus the weights)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from kvadmit.model.llama import CausalLM
+
+
+@dataclass
+class LoadedModel:
+    folder: Path
+    tokenizer: Any
+    tokenizer_path: str
+    model: CausalLM
+    device: str
+    dtype: str  # "bfloat16", "float32", …
+    pool_size: int
+    available_bytes: int  # at start-up, where the pool lives
+
+
+def resolve_model_path(model_path: str | None) -> Path:
+    """None: the default model. A .gguf file: converted once into the cache. Else an HF folder."""
+    from kvadmit.model.default import cache_dir, ensure_default_model
+    from kvadmit.model.gguf_convert import convert_gguf
+
+    if model_path is None:
+        return ensure_default_model()
+    path = Path(model_path)
+    if path.suffix == ".gguf" and path.is_file():
+        target = cache_dir() / (path.stem + "-converted")
+        if not (target / "model.safetensors").is_file():
+            convert_gguf(path, target)
+        return target
+    return path
+
+
+def load_model(
+    model_path: str | None,
+    *,
+    tokenizer_path: str | None = None,
+    dtype: str | None = "auto",
+    device: str | None = None,
+    max_total_tokens: int | None = None,
+    mem_fraction_static: float | None = None,
+) -> LoadedModel:
+    from transformers import AutoTokenizer
+
+    from kvadmit.model.device import default_device, resolve_dtype
+    from kvadmit.model.loading import load_hf_folder
+    from kvadmit.model.sizing import available_bytes, default_mem_fraction, kv_bytes_per_token, pool_tokens
+
+    device = device or default_device()
+    torch_dtype = resolve_dtype(dtype, device)
+    folder = resolve_model_path(model_path)
+    tok_path = tokenizer_path or str(folder)
+    tokenizer = AutoTokenizer.from_pretrained(tok_path)
+    model = load_hf_folder(folder, torch_dtype, device)
+    available = available_bytes(device)
+    if max_total_tokens is None:
+        cfg = model.cfg
+        per_token = kv_bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, model.dtype.itemsize)
+        fraction = default_mem_fraction(device) if mem_fraction_static is None else mem_fraction_static
+        max_total_tokens = pool_tokens(available, fraction, model.weight_bytes(), per_token)
+    return LoadedModel(
+        folder=folder,
+        tokenizer=tokenizer,
+        tokenizer_path=tok_path,
+        model=model,
+        device=device,
+        dtype=str(torch_dtype).removeprefix("torch."),
+        pool_size=max_total_tokens,
+        available_bytes=available,
+    )
