@@ -20,7 +20,14 @@ from dataclasses import dataclass
 import aiohttp
 import numpy as np
 
-from kvadmit.bench.backends import Api, PayloadOptions, StreamError, StreamReader, build_payload
+from kvadmit.bench.backends import (
+    Api,
+    PayloadOptions,
+    StreamError,
+    StreamReader,
+    asked_limits,
+    build_payload,
+)
 from kvadmit.bench.datasets import DatasetRow
 from kvadmit.bench.metrics import RequestOutcome
 
@@ -74,6 +81,7 @@ async def send_one(
 ) -> Exchange:
     payload = build_payload(api, row.prompt, output_len, opts)
     out = RequestOutcome(prompt_len=row.prompt_len)
+    out.max_new_tokens, out.ignore_eos = asked_limits(payload)
     sent = time.perf_counter()
     out.start_time = sent
     reader = StreamReader(api, sent, output_len)

@@ -25,6 +25,8 @@ class RequestOutcome:
     itl: Sequence[float] = field(default_factory=list)  # gaps between later tokens (per backend's split)
     error: str = ""
     cached_tokens: int = 0
+    max_new_tokens: int = 0  # the token budget the request asked for (as sent, after --extra-request-body)
+    ignore_eos: bool = False  # as sent
 
 
 @dataclass(frozen=True, slots=True)

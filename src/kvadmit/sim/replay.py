@@ -14,6 +14,13 @@ One JSON object per line. Fields (the per-request file `kvadmit simulate --trace
 A request without ignore_eos stops at true_output_len (or output_len, or max_new_tokens when neither is
 known); with ignore_eos it runs to max_new_tokens. Prompts are distinct token sequences (a trace carries
 no text), so no two requests share a cached prefix.
+
+It also takes the file `kvadmit bench --output-file F --output-details` writes: one JSON line per run
+whose per-request lists give, request by request, `start_times` (the arrival), `input_lens`,
+`output_lens` (what the server generated: where the request stopped), `max_new_tokens` and
+`ignore_eos` (files from before those two lists: the output length is the budget, ignore_eos false).
+Requests that failed (a non-empty `errors` entry) are left out. A file that holds several runs (the
+output file is appended to) must be cut to one: which run to replay is not guessed.
 """
 
 from __future__ import annotations
@@ -53,9 +60,38 @@ def _stop(row: dict[str, object], where: str, max_new: int) -> int:
     return max_new
 
 
-def parse_replay(lines: list[str], vocab_size: int = 32000, seed: int = 0, name: str = "trace") -> Replay:
-    """The requests in order of arrival (file order on ties)."""
-    rows: list[tuple[float, int, int, int | None, bool, str]] = []
+BENCH_LISTS = ("start_times", "input_lens", "output_lens")  # what marks a `kvadmit bench` details line
+
+
+def bench_rows(run: dict[str, object], where: str) -> list[dict[str, object]]:
+    """A `kvadmit bench --output-details` run as one trace row per request that succeeded."""
+    n = None
+    for key in (*BENCH_LISTS, "max_new_tokens", "ignore_eos", "errors"):
+        values = run.get(key)
+        if values is None and key not in BENCH_LISTS:
+            continue
+        if not isinstance(values, list):
+            raise ReplayError(f"{where}: the bench run's {key} must be a list, got {type(values).__name__}")
+        if n is not None and len(values) != n:
+            raise ReplayError(f"{where}: the bench run's {key} has {len(values)} entries, not {n}")
+        n = len(values)
+    starts, inputs, outputs = (run[k] for k in BENCH_LISTS)
+    assert isinstance(starts, list) and isinstance(inputs, list) and isinstance(outputs, list)
+    budgets = run.get("max_new_tokens") or outputs
+    ignore = run.get("ignore_eos") or [False] * len(starts)
+    errors = run.get("errors") or [""] * len(starts)
+    assert isinstance(budgets, list) and isinstance(ignore, list) and isinstance(errors, list)
+    return [
+        {"rid": f"bench-{i}", "arrival": starts[i], "prompt_len": inputs[i], "output_len": outputs[i],
+         "max_new_tokens": budgets[i], "ignore_eos": ignore[i]}
+        for i in range(len(starts)) if not errors[i]
+    ]  # fmt: skip
+
+
+def _json_rows(lines: list[str], name: str) -> list[tuple[int, str, dict[str, object]]]:
+    """(line number, where, row) per request: trace lines as they are, a bench run's line expanded."""
+    rows: list[tuple[int, str, dict[str, object]]] = []
+    runs = 0
     for no, text in enumerate(lines, 1):
         if not text.strip():
             continue
@@ -66,6 +102,24 @@ def parse_replay(lines: list[str], vocab_size: int = 32000, seed: int = 0, name:
             raise ReplayError(f"{where}: not JSON ({e.msg})") from None
         if not isinstance(row, dict):
             raise ReplayError(f"{where}: each line must be a JSON object")
+        if "arrival" not in row and any(k in row for k in BENCH_LISTS):
+            if not all(k in row for k in BENCH_LISTS):
+                raise ReplayError(f"{where}: a bench run line needs {', '.join(BENCH_LISTS)} "
+                                  "(write it with kvadmit bench --output-details)")  # fmt: skip
+            runs += 1
+            if runs > 1:
+                raise ReplayError(f"{name}: holds more than one bench run (line {no} is another); "
+                                  "keep the one to replay")  # fmt: skip
+            rows.extend((no, f"{where} {r['rid']}", r) for r in bench_rows(row, where))
+        else:
+            rows.append((no, where, row))
+    return rows
+
+
+def parse_replay(lines: list[str], vocab_size: int = 32000, seed: int = 0, name: str = "trace") -> Replay:
+    """The requests in order of arrival (file order on ties)."""
+    rows: list[tuple[float, int, int, int | None, bool, str]] = []
+    for no, where, row in _json_rows(lines, name):
         arrival = row.get("arrival")
         if isinstance(arrival, bool) or not isinstance(arrival, int | float) or not arrival >= 0:
             raise ReplayError(f"{where}: arrival must be a number of seconds ≥ 0, got {arrival!r}")
