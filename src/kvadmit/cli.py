@@ -197,7 +197,8 @@ def add_simulate_flags(p: argparse.ArgumentParser) -> None:
         "--replay",
         metavar="TRACE.jsonl",
         help="send the requests of a trace (arrival, prompt_len, max_new_tokens, output_len, ignore_eos "
-        "per line, as --trace-requests writes) instead of drawing a workload",
+        "per line, as --trace-requests writes; or the file kvadmit bench --output-file F --output-details "
+        "writes) instead of drawing a workload",
     )
     c = p.add_argument_group("cost model")
     c.add_argument("--decode-step-ms", type=float, default=20.0)
