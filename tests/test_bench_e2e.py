@@ -364,8 +364,10 @@ def test_a_bench_details_file_replays_in_the_simulator_request_by_request(
     assert rec["max_new_tokens"] == outs and rec["ignore_eos"] == [False] * 6
     replay = load_replay(str(out))
     # Each request at its send time, with its prompt, its budget and where the server stopped it.
-    order = sorted(range(6), key=lambda i: rec["start_times"][i])
-    assert list(replay.arrivals) == [rec["start_times"][i] for i in order]
+    order = sorted(range(6), key=lambda i: rec["arrival_times"][i])
+    assert list(replay.arrivals) == [rec["arrival_times"][i] for i in order]
+    assert all(a <= s for a, s in zip(rec["arrival_times"], rec["start_times"], strict=True))
+    assert replay.max_concurrency is None
     assert [(r.prompt_len, r.max_new_tokens, r.true_output_len, r.ignore_eos) for r in replay.requests] == [
         (ins[i], outs[i], rec["output_lens"][i], False) for i in order]  # fmt: skip
     trace = tmp_path / "replayed.jsonl"

@@ -92,3 +92,24 @@ def test_the_cli_replays_a_trace_and_names_a_bad_one(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert bad.returncode == 2 and "t.jsonl:1: arrival must be a number of seconds ≥ 0" in bad.stderr
+
+
+def test_a_bench_run_replays_with_its_arrivals_and_its_concurrency_limit() -> None:
+    run = {"max_concurrency": 2, "start_times": [0.0, 0.1, 2.0], "arrival_times": [0.0, 0.0, 0.0],
+           "input_lens": [10, 20, 30], "output_lens": [5, 0, 7], "max_new_tokens": [8, 8, 7],
+           "ignore_eos": [False, False, True], "errors": ["", "HTTP 500: boom", ""]}  # fmt: skip
+    replay = parse_replay([json.dumps(run)])
+    # The failed request is left out; the others arrive when the client made them and wait for one of
+    # the two slots, as the client did.
+    assert replay.arrivals == (0.0, 0.0) and replay.max_concurrency == 2
+    assert [(r.prompt_len, r.max_new_tokens, r.true_output_len, r.ignore_eos) for r in replay.requests] == [
+        (10, 8, 5, False), (30, 7, None, True)]  # fmt: skip
+    older = {k: v for k, v in run.items() if k not in ("arrival_times", "max_new_tokens", "ignore_eos")}
+    replay = parse_replay([json.dumps(older)])
+    # Without arrival times: sent when they were really sent, no limit; the output length is the budget.
+    assert replay.arrivals == (0.0, 2.0) and replay.max_concurrency is None
+    assert [(r.max_new_tokens, r.true_output_len) for r in replay.requests] == [(5, 5), (7, 7)]
+    with pytest.raises(ReplayError, match="more than one bench run"):
+        parse_replay([json.dumps(run), json.dumps(run)])
+    with pytest.raises(ReplayError, match="input_lens has 2 entries, not 3"):
+        parse_replay([json.dumps({**run, "input_lens": [1, 2]})])

@@ -259,7 +259,8 @@ def simulate_config(ns: argparse.Namespace) -> SimConfig:
         workload=workload,
         cost=cost,
         request_rate=ns.request_rate,
-        max_concurrency=ns.max_concurrency,
+        # a replayed bench run keeps its client's limit unless one is given
+        max_concurrency=ns.max_concurrency or (replay.max_concurrency if replay else None),
         warmup_requests=ns.warmup_requests,
         context_len=ns.context_length or 32768,
         backend=ns.backend,

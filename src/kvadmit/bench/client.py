@@ -136,12 +136,18 @@ async def send_all(
     tasks: list[asyncio.Task[Exchange]] = []
 
     async def one(row: DatasetRow) -> Exchange:
+        made = time.perf_counter()
+        ex = await limited(row)
+        ex.outcome.arrival_time = made
+        on_done(ex)
+        return ex
+
+    async def limited(row: DatasetRow) -> Exchange:
         if limit is None:
             ex = await send_one(http, url, api, row, row.output_len, opts)
         else:
             async with limit:
                 ex = await send_one(http, url, api, row, row.output_len, opts)
-        on_done(ex)
         return ex
 
     async def create_all() -> None:
