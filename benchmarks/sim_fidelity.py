@@ -8,7 +8,8 @@
 2. Three workloads, not used above: each runs against a fresh `kvadmit serve` (the default model, the
    same scheduler flags the simulation gets) under `kvadmit bench --output-details`, and the file that
    writes is replayed by `kvadmit simulate --replay` with both cost models (each request made when the
-   client made it, sent when the run's --max-concurrency allows, with its real output length).
+   client made it, sent when the run's --max-concurrency allows, with its real output length, seen by
+   the scheduler --request-latency-ms after it was sent).
 3. Compared per workload: the admission decisions (the `Prefill batch` lines' #new-seq, #running-req
    and #queue-req, and the retraction lines, of the server's log against the simulated log), median TTFT,
    mean TPOT and output throughput (% error), and retractions.
@@ -44,6 +45,11 @@ KVADMIT = [sys.executable, "-m", "kvadmit.cli"]
 PROFILE = ["--batch-sizes", "1,4,12", "--context-lens", "64,256", "--prefill-lens", "32,128,384",
            "--prefill-requests", "1,3", "--repeats", "7"]  # fmt: skip
 BENCH_COMMON = ["--backend", "sglang", "--dataset-name", "random-ids", "--tokenize-prompt", "--disable-tqdm"]
+# The simulated server sees a request this long after the client sent it (HTTP, parsing, the engine's
+# queue; assumed, not measured). What matters for the decisions is only that it is above 0: a request
+# sent as a step ends then waits for the next step, as on the real server, where the engine loop starts
+# the next decode step before the client's next request has arrived.
+REQUEST_LATENCY_MS = "5"
 SETTLE = ["--num-prompts", "6", "--random-input-len", "96", "--random-output-len", "24",
           "--max-concurrency", "3", "--warmup-requests", "0", "--seed", "7"]  # fmt: skip
 
@@ -141,7 +147,8 @@ def real_run(w: Workload, out: Path) -> tuple[Path, list[str]]:
 def simulated_run(w: Workload, details: Path, cost: Path, out: Path, tag: str) -> tuple[dict, list[str]]:
     log = out / f"{slug(w.name)}.sim-{tag}.log"
     cmd = [*KVADMIT, "simulate", "--replay", str(details), "--cost-model", str(cost),
-           "--context-length", "8192", "--log-file", str(log), *w.server]  # fmt: skip
+           "--context-length", "8192", "--request-latency-ms", REQUEST_LATENCY_MS,
+           "--log-file", str(log), *w.server]  # fmt: skip
     stdout = run(cmd, out / "sim.stderr")
     return summary_numbers(stdout), log.read_text(encoding="utf-8").splitlines()
 
@@ -263,7 +270,8 @@ def main() -> None:
     print(f"# probe ({PROBE.describe}): mean TPOT real {probe_real['tpot']:.1f} ms, simulated "
           f"{probe_sim['tpot']:.1f} ms → per-step overhead {overhead:.1f} ms")  # fmt: skip
     print("# each cell: real / simulated (error); 'sim' = the executor profile alone, "
-          "'sim+oh' = with the probe's per-step overhead")  # fmt: skip
+          "'sim+oh' = with the probe's per-step overhead; simulated request latency "
+          f"{REQUEST_LATENCY_MS} ms")  # fmt: skip
     head = ["workload", "Prefill decisions (#new-seq, #running, #queue)", "requests retracted real / sim",
             "TTFT p50 ms (sim)", "TPOT mean ms (sim)", "out tok/s (sim)",
             "TTFT p50 ms (sim+oh)", "TPOT mean ms (sim+oh)", "out tok/s (sim+oh)"]  # fmt: skip

@@ -113,3 +113,15 @@ def test_a_bench_run_replays_with_its_arrivals_and_its_concurrency_limit() -> No
         parse_replay([json.dumps(run), json.dumps(run)])
     with pytest.raises(ReplayError, match="input_lens has 2 entries, not 3"):
         parse_replay([json.dumps({**run, "input_lens": [1, 2]})])
+
+
+def test_a_request_latency_delays_when_the_scheduler_sees_a_request() -> None:
+    # One 100-token request alone: a 10 ms prefill at 10,000 tokens/s gives its first token.
+    replay = parse_replay(['{"arrival": 0, "prompt_len": 100, "max_new_tokens": 3, "output_len": 3}'])
+    base = SimConfig(args=ServerArgs(max_total_tokens=4096), workload=WorkloadSpec(),
+                     cost=CostModel.simple(decode_step_ms=20, prefill_tokens_per_s=10_000),
+                     warmup_requests=0, replay=replay)  # fmt: skip
+    assert simulate(base).outcomes[0].ttft == pytest.approx(0.010)
+    late = SimConfig(**{**{f: getattr(base, f) for f in base.__slots__}, "request_latency_s": 0.004})
+    # Seen 4 ms after it was sent: the TTFT, counted from the send, grows by as much.
+    assert simulate(late).outcomes[0].ttft == pytest.approx(0.014)

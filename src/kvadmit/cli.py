@@ -175,6 +175,13 @@ def add_simulate_flags(p: argparse.ArgumentParser) -> None:
     w.add_argument("--disable-ignore-eos", action="store_true")
     w.add_argument("--seed", type=int, default=42)
     w.add_argument("--warmup-requests", type=int, default=1)
+    w.add_argument(
+        "--request-latency-ms",
+        type=float,
+        default=0.0,
+        help="from the client sending a request to the scheduler seeing it (HTTP, parsing, the engine's "
+        "queue); above 0, a request sent as a step ends waits for the step after it, as on a real server",
+    )
     w.add_argument("--vocab-size", type=int, default=32000, help="for random-ids prompts")
     w.add_argument(
         "--max-new-tokens",
@@ -251,6 +258,8 @@ def simulate_config(ns: argparse.Namespace) -> SimConfig:
     )
     try:
         workload.validate()
+        if not ns.request_latency_ms >= 0:
+            raise ValueError(f"--request-latency-ms must be ≥ 0, got {ns.request_latency_ms}")
         replay = load_replay(ns.replay, ns.vocab_size, ns.seed) if ns.replay else None
     except (ValueError, ReplayError) as e:
         raise UsageError(str(e)) from None
@@ -265,6 +274,7 @@ def simulate_config(ns: argparse.Namespace) -> SimConfig:
         context_len=ns.context_length or 32768,
         backend=ns.backend,
         replay=replay,
+        request_latency_s=ns.request_latency_ms / 1000,
     )
 
 
