@@ -17,7 +17,8 @@
 Before each measured run the server gets a few settling requests (a fresh process runs its first steps
 many times slower) and its cache is flushed; the logs are compared from the measured run's warm-up on.
 
-Run: python benchmarks/sim_fidelity.py [--out DIR]   (about 8 minutes on 2 shared cores)
+Run: python benchmarks/sim_fidelity.py [--out DIR]   (about 5 minutes on 2 shared cores)
+     python benchmarks/sim_fidelity.py --kept DIR       (simulate again against DIR's real runs)
 """
 
 from __future__ import annotations
@@ -137,11 +138,16 @@ def real_run(w: Workload, out: Path) -> tuple[Path, list[str]]:
             proc.wait(30)
         except subprocess.TimeoutExpired:
             proc.kill()
+    return kept_run(w, out)
+
+
+def kept_run(w: Workload, out: Path) -> tuple[Path, list[str]]:
+    """The files a real run left in `out`: (the bench details file, the measured run's log lines)."""
     # The log file is written in blocks, stderr line by line with the HTTP access lines between: the
     # measured run is what follows the flush.
-    lines = server_err.read_text(encoding="utf-8").splitlines()
+    lines = (out / f"{slug(w.name)}.server.stderr").read_text(encoding="utf-8").splitlines()
     flushed = max(i for i, line in enumerate(lines) if "POST /flush_cache" in line)
-    return details, lines[flushed + 1 :]
+    return out / f"{slug(w.name)}.bench.jsonl", lines[flushed + 1 :]
 
 
 def simulated_run(w: Workload, details: Path, cost: Path, out: Path, tag: str) -> tuple[dict, list[str]]:
@@ -224,17 +230,28 @@ def main() -> None:
         help="OMP_NUM_THREADS for the profile and the servers (default 1: two intra-op threads "
         "on two cores shared with the HTTP threads, the client and other jobs stall each other)",
     )
+    ap.add_argument(
+        "--kept",
+        metavar="DIR",
+        help="no real runs: simulate again against the profile and real runs an earlier --out DIR kept",
+    )
     ns = ap.parse_args()
     os.environ["OMP_NUM_THREADS"] = ns.torch_threads
-    out = Path(ns.out) if ns.out else Path(tempfile.mkdtemp(prefix="sim-fidelity-"))
+    out = Path(ns.kept or ns.out or tempfile.mkdtemp(prefix="sim-fidelity-"))
     out.mkdir(parents=True, exist_ok=True)
     began = time.monotonic()
     loads = [load()]
+    real_or_kept = kept_run if ns.kept else real_run
 
     cost = out / "profile.json"
-    profile_text = run([*KVADMIT, "profile", *PROFILE, "-o", str(cost)], out / "profile.stderr")
-    fit_line = next((x for x in profile_text.splitlines() if x.startswith("fit error")), "")
-    details, _ = real_run(PROBE, out)
+    if ns.kept:
+        fit = json.loads(cost.read_text(encoding="utf-8"))["fit"]
+        fit_line = (f"fit error: decode {fit['decode_mean_abs_error_pct']}% mean (kept from {out}; "
+                    "the load averages below are of this re-simulation, not of the real runs)")  # fmt: skip
+    else:
+        profile_text = run([*KVADMIT, "profile", *PROFILE, "-o", str(cost)], out / "profile.stderr")
+        fit_line = next((x for x in profile_text.splitlines() if x.startswith("fit error")), "")
+    details, _ = real_or_kept(PROBE, out)
     probe_real = bench_numbers(details)
     probe_sim, _ = simulated_run(PROBE, details, cost, out, "profile")
     overhead = probe_real["tpot"] - probe_sim["tpot"]
@@ -244,7 +261,7 @@ def main() -> None:
 
     rows, notes = [], []
     for w in WORKLOADS:
-        details, real_log = real_run(w, out)
+        details, real_log = real_or_kept(w, out)
         real = bench_numbers(details)
         loads.append(load())
         real_p, real_events, real_retracted = decisions(real_log)
@@ -283,7 +300,7 @@ def main() -> None:
     for n in notes:
         print(n)
     print(f"\n# {time.monotonic() - began:.0f} s in all; files in {out}")
-    if not ns.out:
+    if not ns.out and not ns.kept:
         shutil.rmtree(out, ignore_errors=True)
 
 
