@@ -21,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kvadmit.bench import run as bench_run
 from kvadmit.cli import main
+from kvadmit.sim.replay import load_replay
 from server_helpers import RunningServer, running_server, wait_idle, write_cost_model, write_tiny_model
 
 BACKENDS = ("sglang", "sglang-native", "sglang-oai", "sglang-oai-chat", "vllm", "vllm-chat")
@@ -347,6 +348,34 @@ def test_the_output_file_gets_one_line_per_run_with_bench_serving_fields(
     ]  # one token a chunk: one gap per later token
     assert rec["server_info"]["max_total_tokens"] == 200_000
     assert rec["errors"] == [""] * 5
+
+
+def test_a_bench_details_file_replays_in_the_simulator_request_by_request(
+    sim: RunningServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "details.jsonl"
+    rc, _, _ = bench(capsys, sim.url, "--dataset-name", "random-ids", "--num-prompts", "6",
+                     "--random-input-len", "24", "--random-output-len", "12", "--seed", "3",
+                     "--request-rate", "50", "--disable-ignore-eos", "--output-file", str(out),
+                     "--output-details")  # fmt: skip
+    assert rc == 0
+    rec = json.loads(out.read_text())
+    ins, outs = drawn(3, 6, 24, 12)
+    assert rec["max_new_tokens"] == outs and rec["ignore_eos"] == [False] * 6
+    replay = load_replay(str(out))
+    # Each request at its send time, with its prompt, its budget and where the server stopped it.
+    order = sorted(range(6), key=lambda i: rec["arrival_times"][i])
+    assert list(replay.arrivals) == [rec["arrival_times"][i] for i in order]
+    assert all(a <= s for a, s in zip(rec["arrival_times"], rec["start_times"], strict=True))
+    assert replay.max_concurrency is None
+    assert [(r.prompt_len, r.max_new_tokens, r.true_output_len, r.ignore_eos) for r in replay.requests] == [
+        (ins[i], outs[i], rec["output_lens"][i], False) for i in order]  # fmt: skip
+    trace = tmp_path / "replayed.jsonl"
+    capsys.readouterr()
+    argv = ["simulate", "--replay", str(out), "--max-total-tokens", "4096", "--trace-requests", str(trace)]
+    assert main([*argv, "--quiet"]) == 0
+    replayed = [json.loads(x) for x in trace.read_text().splitlines()]
+    assert [r["output_len"] for r in replayed] == [rec["output_lens"][i] for i in order]
 
 
 def test_arrivals_follow_the_seeded_poisson_gaps_and_concurrency_stays_capped(

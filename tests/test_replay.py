@@ -92,3 +92,36 @@ def test_the_cli_replays_a_trace_and_names_a_bad_one(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert bad.returncode == 2 and "t.jsonl:1: arrival must be a number of seconds ≥ 0" in bad.stderr
+
+
+def test_a_bench_run_replays_with_its_arrivals_and_its_concurrency_limit() -> None:
+    run = {"max_concurrency": 2, "start_times": [0.0, 0.1, 2.0], "arrival_times": [0.0, 0.0, 0.0],
+           "input_lens": [10, 20, 30], "output_lens": [5, 0, 7], "max_new_tokens": [8, 8, 7],
+           "ignore_eos": [False, False, True], "errors": ["", "HTTP 500: boom", ""]}  # fmt: skip
+    replay = parse_replay([json.dumps(run)])
+    # The failed request is left out; the others arrive when the client made them and wait for one of
+    # the two slots, as the client did.
+    assert replay.arrivals == (0.0, 0.0) and replay.max_concurrency == 2
+    assert [(r.prompt_len, r.max_new_tokens, r.true_output_len, r.ignore_eos) for r in replay.requests] == [
+        (10, 8, 5, False), (30, 7, None, True)]  # fmt: skip
+    older = {k: v for k, v in run.items() if k not in ("arrival_times", "max_new_tokens", "ignore_eos")}
+    replay = parse_replay([json.dumps(older)])
+    # Without arrival times: sent when they were really sent, no limit; the output length is the budget.
+    assert replay.arrivals == (0.0, 2.0) and replay.max_concurrency is None
+    assert [(r.max_new_tokens, r.true_output_len) for r in replay.requests] == [(5, 5), (7, 7)]
+    with pytest.raises(ReplayError, match="more than one bench run"):
+        parse_replay([json.dumps(run), json.dumps(run)])
+    with pytest.raises(ReplayError, match="input_lens has 2 entries, not 3"):
+        parse_replay([json.dumps({**run, "input_lens": [1, 2]})])
+
+
+def test_a_request_latency_delays_when_the_scheduler_sees_a_request() -> None:
+    # One 100-token request alone: a 10 ms prefill at 10,000 tokens/s gives its first token.
+    replay = parse_replay(['{"arrival": 0, "prompt_len": 100, "max_new_tokens": 3, "output_len": 3}'])
+    base = SimConfig(args=ServerArgs(max_total_tokens=4096), workload=WorkloadSpec(),
+                     cost=CostModel.simple(decode_step_ms=20, prefill_tokens_per_s=10_000),
+                     warmup_requests=0, replay=replay)  # fmt: skip
+    assert simulate(base).outcomes[0].ttft == pytest.approx(0.010)
+    late = SimConfig(**{**{f: getattr(base, f) for f in base.__slots__}, "request_latency_s": 0.004})
+    # Seen 4 ms after it was sent: the TTFT, counted from the send, grows by as much.
+    assert simulate(late).outcomes[0].ttft == pytest.approx(0.014)

@@ -175,6 +175,13 @@ def add_simulate_flags(p: argparse.ArgumentParser) -> None:
     w.add_argument("--disable-ignore-eos", action="store_true")
     w.add_argument("--seed", type=int, default=42)
     w.add_argument("--warmup-requests", type=int, default=1)
+    w.add_argument(
+        "--request-latency-ms",
+        type=float,
+        default=0.0,
+        help="from the client sending a request to the scheduler seeing it (HTTP, parsing, the engine's "
+        "queue); above 0, a request sent as a step ends waits for the step after it, as on a real server",
+    )
     w.add_argument("--vocab-size", type=int, default=32000, help="for random-ids prompts")
     w.add_argument(
         "--max-new-tokens",
@@ -197,7 +204,8 @@ def add_simulate_flags(p: argparse.ArgumentParser) -> None:
         "--replay",
         metavar="TRACE.jsonl",
         help="send the requests of a trace (arrival, prompt_len, max_new_tokens, output_len, ignore_eos "
-        "per line, as --trace-requests writes) instead of drawing a workload",
+        "per line, as --trace-requests writes; or the file kvadmit bench --output-file F --output-details "
+        "writes) instead of drawing a workload",
     )
     c = p.add_argument_group("cost model")
     c.add_argument("--decode-step-ms", type=float, default=20.0)
@@ -250,6 +258,8 @@ def simulate_config(ns: argparse.Namespace) -> SimConfig:
     )
     try:
         workload.validate()
+        if not ns.request_latency_ms >= 0:
+            raise ValueError(f"--request-latency-ms must be ≥ 0, got {ns.request_latency_ms}")
         replay = load_replay(ns.replay, ns.vocab_size, ns.seed) if ns.replay else None
     except (ValueError, ReplayError) as e:
         raise UsageError(str(e)) from None
@@ -258,11 +268,13 @@ def simulate_config(ns: argparse.Namespace) -> SimConfig:
         workload=workload,
         cost=cost,
         request_rate=ns.request_rate,
-        max_concurrency=ns.max_concurrency,
+        # a replayed bench run keeps its client's limit unless one is given
+        max_concurrency=ns.max_concurrency or (replay.max_concurrency if replay else None),
         warmup_requests=ns.warmup_requests,
         context_len=ns.context_length or 32768,
         backend=ns.backend,
         replay=replay,
+        request_latency_s=ns.request_latency_ms / 1000,
     )
 
 

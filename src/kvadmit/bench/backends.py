@@ -89,6 +89,19 @@ def build_payload(api: Api, prompt: str | list[int], output_len: int, opts: Payl
     return payload
 
 
+def asked_limits(payload: dict[str, Any]) -> tuple[int, bool]:
+    """(max_new_tokens, ignore_eos) as a payload asks for them, wherever the API puts them."""
+    params = payload.get("sampling_params")
+    where = params if isinstance(params, dict) else payload
+    budget = 0
+    for key in ("max_new_tokens", "max_completion_tokens", "max_tokens"):
+        value = where.get(key)
+        if isinstance(value, int) and not isinstance(value, bool):
+            budget = value
+            break
+    return budget, bool(where.get("ignore_eos", False))
+
+
 class StreamError(Exception):
     """The server reported an error inside a stream (an aborted request)."""
 

@@ -20,7 +20,14 @@ from dataclasses import dataclass
 import aiohttp
 import numpy as np
 
-from kvadmit.bench.backends import Api, PayloadOptions, StreamError, StreamReader, build_payload
+from kvadmit.bench.backends import (
+    Api,
+    PayloadOptions,
+    StreamError,
+    StreamReader,
+    asked_limits,
+    build_payload,
+)
 from kvadmit.bench.datasets import DatasetRow
 from kvadmit.bench.metrics import RequestOutcome
 
@@ -74,6 +81,7 @@ async def send_one(
 ) -> Exchange:
     payload = build_payload(api, row.prompt, output_len, opts)
     out = RequestOutcome(prompt_len=row.prompt_len)
+    out.max_new_tokens, out.ignore_eos = asked_limits(payload)
     sent = time.perf_counter()
     out.start_time = sent
     reader = StreamReader(api, sent, output_len)
@@ -128,12 +136,18 @@ async def send_all(
     tasks: list[asyncio.Task[Exchange]] = []
 
     async def one(row: DatasetRow) -> Exchange:
+        made = time.perf_counter()
+        ex = await limited(row)
+        ex.outcome.arrival_time = made
+        on_done(ex)
+        return ex
+
+    async def limited(row: DatasetRow) -> Exchange:
         if limit is None:
             ex = await send_one(http, url, api, row, row.output_len, opts)
         else:
             async with limit:
                 ex = await send_one(http, url, api, row, row.output_len, opts)
-        on_done(ex)
         return ex
 
     async def create_all() -> None:

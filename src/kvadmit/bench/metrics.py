@@ -20,11 +20,14 @@ class RequestOutcome:
     output_len: int = 0  # the server's completion_tokens
     retokenized_output_len: int = 0
     start_time: float = 0.0  # when the client sent it (seconds, any epoch)
+    arrival_time: float = 0.0  # when the client made it, before it waited for a --max-concurrency slot
     ttft: float = 0.0  # seconds to the first non-empty chunk
     latency: float = 0.0  # seconds to the last byte
     itl: Sequence[float] = field(default_factory=list)  # gaps between later tokens (per backend's split)
     error: str = ""
     cached_tokens: int = 0
+    max_new_tokens: int = 0  # the token budget the request asked for (as sent, after --extra-request-body)
+    ignore_eos: bool = False  # as sent
 
 
 @dataclass(frozen=True, slots=True)

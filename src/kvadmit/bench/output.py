@@ -1,6 +1,8 @@
 """The JSON line `--output-file` appends per run, with bench_serving's field names (its 0.5.x result
-dictionary), and with --output-details the per-request lists bench_serving adds, plus each request's
-send time and latency."""
+dictionary), and with --output-details the per-request lists bench_serving adds, plus what
+`kvadmit simulate --replay` needs to send the same requests again: each request's send time, latency,
+arrival time (when the client made it; later than that only by waiting for a --max-concurrency slot),
+token budget (`max_new_tokens`) and `ignore_eos`."""
 
 from __future__ import annotations
 
@@ -75,6 +77,9 @@ def details(
         "itls": [list(o.itl) for o in outcomes],
         "start_times": [o.start_time - start for o in outcomes],  # seconds after the benchmark began
         "latencies": [o.latency for o in outcomes],
+        "arrival_times": [o.arrival_time - start for o in outcomes],
+        "max_new_tokens": [o.max_new_tokens for o in outcomes],
+        "ignore_eos": [o.ignore_eos for o in outcomes],
         "generated_texts": list(texts),
         "errors": [o.error for o in outcomes],
     }

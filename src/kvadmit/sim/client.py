@@ -39,9 +39,17 @@ class SimClient:
     """The engine's Listener (and a Retraction observer); `send_due` sends requests whose time has come."""
 
     def __init__(
-        self, engine: Engine | None, clock: VirtualClock, vocab_size: int, max_concurrency: int | None
+        self,
+        engine: Engine | None,
+        clock: VirtualClock,
+        vocab_size: int,
+        max_concurrency: int | None,
+        request_latency: float = 0.0,
     ):
         self.engine = engine
+        # Seconds from a request going on the wire to the scheduler seeing it (HTTP, parsing, the engine's
+        # queue): a request sent during a step, or at the very end of one, waits for the next pass.
+        self.request_latency = request_latency
         self.clock = clock
         self.vocab_size = vocab_size
         self._token_ids = list(range(vocab_size))  # prompts are slices of it (one int object per id)
@@ -70,11 +78,15 @@ class SimClient:
         assert self.engine is not None
         now = self.clock.now()
         slots = self.free_slots
-        while self.queue and self.queue[0][0] <= now and (slots is None or slots):
-            arrival, rid, spec, outcome = self.queue.popleft()
-            # Sent when it arrived or when a slot freed, whichever is later (both ≤ now: a request that
-            # arrives during a step is on the wire at once; the server sees it at its next pass).
-            sent = arrival if slots is None else max(arrival, slots.popleft())
+        while self.queue and (slots is None or slots):
+            # Sent when it arrived or when a slot freed, whichever is later: a request that arrives during
+            # a step is on the wire at once; the server sees it request_latency later, at its next pass.
+            sent = self.queue[0][0] if slots is None else max(self.queue[0][0], slots[0])
+            if sent + self.request_latency > now:
+                break
+            _, rid, spec, outcome = self.queue.popleft()
+            if slots is not None:
+                slots.popleft()
             req = Req(
                 rid=rid,
                 origin_input_ids=spec.prompt(self.vocab_size, self._token_ids),
@@ -90,8 +102,10 @@ class SimClient:
         if not self.queue:
             return None
         if self.free_slots is None:
-            return self.queue[0][0]
-        return max(self.queue[0][0], self.free_slots[0]) if self.free_slots else None
+            return self.queue[0][0] + self.request_latency
+        if not self.free_slots:
+            return None
+        return max(self.queue[0][0], self.free_slots[0]) + self.request_latency
 
     # ----- Listener ------------------------------------------------------------------------------
     def on_step(self, batch: ScheduledBatch, now: float) -> None:

@@ -14,6 +14,17 @@ One JSON object per line. Fields (the per-request file `kvadmit simulate --trace
 A request without ignore_eos stops at true_output_len (or output_len, or max_new_tokens when neither is
 known); with ignore_eos it runs to max_new_tokens. Prompts are distinct token sequences (a trace carries
 no text), so no two requests share a cached prefix.
+
+It also takes the file `kvadmit bench --output-file F --output-details` writes: one JSON line per run
+whose per-request lists give, request by request, `arrival_times` (when the client made the request),
+`input_lens`, `output_lens` (what the server generated: where the request stopped), `max_new_tokens`
+and `ignore_eos`, and whose `max_concurrency` becomes the replay's concurrency limit: a request is sent
+at its arrival time or when a slot frees, as the bench client sent it, so a slower or faster simulated
+server shifts the sends as it would have shifted the real ones. Files from before `arrival_times`: each
+request arrives at its `start_times` entry (when it was really sent) and no limit applies; from before
+`max_new_tokens` and `ignore_eos`: the output length is the budget, ignore_eos false. Requests that
+failed (a non-empty `errors` entry) are left out. A file that holds several runs (the output file is
+appended to) must be cut to one: which run to replay is not guessed.
 """
 
 from __future__ import annotations
@@ -35,6 +46,7 @@ class Replay:
     requests: tuple[SimRequest, ...]
     arrivals: tuple[float, ...]  # seconds after the start of the measured run, one per request
     rids: tuple[str, ...]  # the trace's own ids (or req-N when it has none)
+    max_concurrency: int | None = None  # the bench run's limit, when its file gives arrival times
 
 
 def _int(row: dict[str, object], key: str, where: str, minimum: int) -> int:
@@ -53,9 +65,51 @@ def _stop(row: dict[str, object], where: str, max_new: int) -> int:
     return max_new
 
 
-def parse_replay(lines: list[str], vocab_size: int = 32000, seed: int = 0, name: str = "trace") -> Replay:
-    """The requests in order of arrival (file order on ties)."""
-    rows: list[tuple[float, int, int, int | None, bool, str]] = []
+BENCH_LISTS = ("start_times", "input_lens", "output_lens")  # what marks a `kvadmit bench` details line
+
+
+def bench_rows(run: dict[str, object], where: str) -> list[dict[str, object]]:
+    """A `kvadmit bench --output-details` run as one trace row per request that succeeded."""
+    n = None
+    for key in (*BENCH_LISTS, "arrival_times", "max_new_tokens", "ignore_eos", "errors"):
+        values = run.get(key)
+        if values is None and key not in BENCH_LISTS:
+            continue
+        if not isinstance(values, list):
+            raise ReplayError(f"{where}: the bench run's {key} must be a list, got {type(values).__name__}")
+        if n is not None and len(values) != n:
+            raise ReplayError(f"{where}: the bench run's {key} has {len(values)} entries, not {n}")
+        n = len(values)
+    sent, inputs, outputs = (run[k] for k in BENCH_LISTS)
+    starts = run.get("arrival_times") or sent
+    assert isinstance(starts, list) and isinstance(inputs, list) and isinstance(outputs, list)
+    budgets = run.get("max_new_tokens") or outputs
+    ignore = run.get("ignore_eos") or [False] * len(starts)
+    errors = run.get("errors") or [""] * len(starts)
+    assert isinstance(budgets, list) and isinstance(ignore, list) and isinstance(errors, list)
+    return [
+        {"rid": f"bench-{i}", "arrival": starts[i], "prompt_len": inputs[i], "output_len": outputs[i],
+         "max_new_tokens": budgets[i], "ignore_eos": ignore[i]}
+        for i in range(len(starts)) if not errors[i]
+    ]  # fmt: skip
+
+
+def bench_concurrency(run: dict[str, object], where: str) -> int | None:
+    """The limit a bench run's requests waited for, when its file says when each was made."""
+    limit = run.get("max_concurrency")
+    if limit is None or run.get("arrival_times") is None:
+        return None
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit <= 0:
+        raise ReplayError(f"{where}: max_concurrency must be a positive integer or null, got {limit!r}")
+    return limit
+
+
+def _json_rows(lines: list[str], name: str) -> tuple[list[tuple[int, str, dict[str, object]]], int | None]:
+    """(line number, where, row) per request: trace lines as they are, a bench run's line expanded; and
+    the bench run's concurrency limit."""
+    rows: list[tuple[int, str, dict[str, object]]] = []
+    runs = 0
+    limit = None
     for no, text in enumerate(lines, 1):
         if not text.strip():
             continue
@@ -66,6 +120,26 @@ def parse_replay(lines: list[str], vocab_size: int = 32000, seed: int = 0, name:
             raise ReplayError(f"{where}: not JSON ({e.msg})") from None
         if not isinstance(row, dict):
             raise ReplayError(f"{where}: each line must be a JSON object")
+        if "arrival" not in row and any(k in row for k in BENCH_LISTS):
+            if not all(k in row for k in BENCH_LISTS):
+                raise ReplayError(f"{where}: a bench run line needs {', '.join(BENCH_LISTS)} "
+                                  "(write it with kvadmit bench --output-details)")  # fmt: skip
+            runs += 1
+            if runs > 1:
+                raise ReplayError(f"{name}: holds more than one bench run (line {no} is another); "
+                                  "keep the one to replay")  # fmt: skip
+            rows.extend((no, f"{where} {r['rid']}", r) for r in bench_rows(row, where))
+            limit = bench_concurrency(row, where)
+        else:
+            rows.append((no, where, row))
+    return rows, limit
+
+
+def parse_replay(lines: list[str], vocab_size: int = 32000, seed: int = 0, name: str = "trace") -> Replay:
+    """The requests in order of arrival (file order on ties)."""
+    rows: list[tuple[float, int, int, int | None, bool, str]] = []
+    found, limit = _json_rows(lines, name)
+    for no, where, row in found:
         arrival = row.get("arrival")
         if isinstance(arrival, bool) or not isinstance(arrival, int | float) or not arrival >= 0:
             raise ReplayError(f"{where}: arrival must be a number of seconds ≥ 0, got {arrival!r}")
@@ -80,7 +154,7 @@ def parse_replay(lines: list[str], vocab_size: int = 32000, seed: int = 0, name:
     rows.sort(key=lambda r: r[0])
     offsets = np.random.RandomState(seed).randint(0, vocab_size, size=len(rows)).tolist()
     requests = tuple(SimRequest(i, p, m, m, t, e, offsets[i]) for i, (_, p, m, t, e, _) in enumerate(rows))
-    return Replay(requests, tuple(r[0] for r in rows), tuple(r[5] for r in rows))
+    return Replay(requests, tuple(r[0] for r in rows), tuple(r[5] for r in rows), limit)
 
 
 def load_replay(path: str, vocab_size: int = 32000, seed: int = 0) -> Replay:

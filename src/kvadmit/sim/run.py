@@ -46,6 +46,7 @@ class SimConfig:
     backend: str = "sglang"
     start: datetime = DEFAULT_START
     replay: Replay | None = None  # requests and send times from a trace, instead of the workload
+    request_latency_s: float = 0.0  # from a client sending a request to the scheduler seeing it
 
 
 @dataclass(slots=True)
@@ -93,7 +94,7 @@ def _simulate(
         (specs, rng), offsets = build_workload(cfg.workload), None
     scheduler = Scheduler(cfg.args, context_len=cfg.context_len, eos_token_ids=frozenset({EOS_TOKEN_ID}))
     clock = VirtualClock(0.0)  # seconds since cfg.start (small numbers keep full float precision)
-    client = SimClient(None, clock, cfg.workload.vocab_size, cfg.max_concurrency)
+    client = SimClient(None, clock, cfg.workload.vocab_size, cfg.max_concurrency, cfg.request_latency_s)
     executor = SimulatedExecutor(cfg.cost, client.true_output_len)
     observers: list[Callable[[Event, float], None]] = []
     retractions = 0
