@@ -8,7 +8,11 @@ of each, measured in a child process per side that loads one model and runs the 
 peak is at full concurrency).
 
 The machine may be shared, so both sides run alternately, `--rounds` times, and each side's best round
-counts (the round least disturbed by other processes); the load average is printed with the results.
+counts (the round least disturbed by other processes); the load average is printed with the results. By
+default torch gets one thread per core not already busy (cores − the 1-minute load average, at least 1):
+an OpenMP thread that shares its core with another process stalls every parallel region. On this 2-core
+machine with other processes busy (load average 3–4), 2 threads decoded a single stream at 1–2 tok/s where
+1 thread made 13 (transformers: 1.3 against 8.2).
 
     usage: python benchmarks/engine_vs_transformers.py [--dtype bfloat16|float32] [--threads N]
                                                        [--rounds R] [--output FILE | -]
@@ -134,16 +138,19 @@ def main() -> None:
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--requests", type=int, default=64)
     ap.add_argument("--concurrency", type=int, default=16)
-    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch threads (default: cores)")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: idle cores)")
     ap.add_argument("--rounds", type=int, default=2, help="alternating rounds; each side's best counts")
     ap.add_argument("--memory-of", choices=["kvadmit", "transformers"], help=argparse.SUPPRESS)
     ap.add_argument("--output", default=os.path.join(os.path.dirname(__file__), "engine_vs_transformers.txt"))
     ns = ap.parse_args()
+    load_before = os.getloadavg()[0]
+    auto = ns.threads is None
+    if ns.threads is None:
+        ns.threads = max(1, (os.cpu_count() or 1) - round(load_before))
     torch.set_num_threads(ns.threads)
     if ns.memory_of:
         memory_child(ns)
         return
-    load_before = os.getloadavg()[0]
     engine = load("kvadmit", ns.dtype, ns.concurrency)
     ref = load("transformers", ns.dtype, ns.concurrency)
 
@@ -176,10 +183,10 @@ def main() -> None:
         "# benchmarks/engine_vs_transformers.py: SmolLM2-135M-Instruct, kvadmit vs transformers generate",
         f"date: {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC",
         f"machine: {cpu_model()}, {os.cpu_count()} cores; Python {platform.python_version()}, "
-        f"torch {torch.__version__}, dtype {ns.dtype}, {ns.threads} torch threads; "
+        f"torch {torch.__version__}, dtype {ns.dtype}, {ns.threads} torch threads"
+        f"{' (auto: cores not busy at the start)' if auto else ''}; "
         f"load average {load_before:.2f} before, {load_after:.2f} after",
-        f"command: python benchmarks/engine_vs_transformers.py --dtype {ns.dtype} --threads {ns.threads} "
-        f"--rounds {ns.rounds}",
+        "command: " + " ".join(["python", "benchmarks/engine_vs_transformers.py", *sys.argv[1:]]),
         "",
         "| measure | kvadmit | transformers | ratio |",
         "| --- | ---: | ---: | ---: |",
