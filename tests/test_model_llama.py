@@ -188,3 +188,16 @@ def test_a_gguf_with_an_unsupported_quantization_gets_one_clear_error(tmp_path: 
     assert "tensor token_embd.weight uses quantization Q8_K" in message
     assert "cannot dequantize" in message
     assert not (tmp_path / "out" / "model.safetensors").exists()
+
+
+def test_a_hub_id_that_cannot_be_fetched_is_one_clear_error(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """No network (HF_HUB_OFFLINE) and not in the cache: the error names the id and says what to do."""
+    from kvadmit.model.loading import ModelLoadError
+    from kvadmit.model.runtime import resolve_model_path
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ModelLoadError) as err:
+        resolve_model_path("kvadmit-tests/no-such-model")
+    message = str(err.value)
+    assert "kvadmit-tests/no-such-model is not a local folder and could not be downloaded" in message
+    assert "--model-path" in message

@@ -37,7 +37,31 @@ def resolve_model_path(model_path: str | None) -> Path:
         if not (target / "model.safetensors").is_file():
             convert_gguf(path, target)
         return target
+    if not path.exists() and _looks_like_hub_id(model_path):
+        return _from_hub(model_path)
     return path
+
+
+def _looks_like_hub_id(name: str) -> bool:
+    parts = name.split("/")
+    return len(parts) == 2 and all(parts) and not name.startswith((".", "~"))
+
+
+def _from_hub(repo_id: str) -> Path:
+    """A hub id: the local HF cache if it has it, else a download when the network allows."""
+    from huggingface_hub import snapshot_download
+
+    from kvadmit.model.loading import ModelLoadError
+
+    patterns = ["*.json", "*.safetensors", "tokenizer*", "*.txt", "*.model", "*.jinja"]
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=patterns))
+    except Exception as e:  # offline, unknown repo, gated, …: one clear line
+        raise ModelLoadError(
+            f"{repo_id} is not a local folder and could not be downloaded from the Hugging Face hub "
+            f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'no network'}); give a local "
+            "HF folder or .gguf file with --model-path, or omit it for the default model"
+        ) from None
 
 
 def load_model(
