@@ -23,7 +23,7 @@ import sys
 import tempfile
 
 from kvadmit.observe import loglines
-from machine import cpu_model
+from machine import cpu_model, publish
 
 TARGET_S = 10.0
 
@@ -142,11 +142,7 @@ def main() -> None:
         f"target: {biggest[0]:,} lines under {TARGET_S:.0f} s: {verdict} "
         f"({wall:.2f} s wall, {cpu:.2f} s of CPU)",
     ]
-    text = "\n".join(out) + "\n"
-    print(text, end="")
-    if ns.output != "-":
-        with open(ns.output, "w", encoding="utf-8") as f:
-            f.write(text)
+    publish(out, ns.output)
 
 
 if __name__ == "__main__":

@@ -14,3 +14,12 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or "unknown CPU"
+
+
+def publish(lines: list[str], output: str) -> None:
+    """Print a benchmark's report and, unless output is "-", write it to that file too."""
+    text = "\n".join(lines) + "\n"
+    print(text, end="")
+    if output != "-":
+        with open(output, "w", encoding="utf-8") as f:
+            f.write(text)

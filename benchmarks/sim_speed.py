@@ -29,7 +29,7 @@ from kvadmit.config import ServerArgs
 from kvadmit.executor.costmodel import CostModel
 from kvadmit.sim.run import SimConfig, simulate
 from kvadmit.sim.workload import WorkloadSpec
-from machine import cpu_model
+from machine import cpu_model, publish
 
 TARGET_S = 20.0
 
@@ -95,11 +95,7 @@ def main() -> None:
         f"target: {big['requests']:,} requests under {TARGET_S:.0f} s: {verdict} it "
         f"(wall {big['wall_s']:.1f} s, CPU {big['cpu_s']:.1f} s)",
     ]
-    text = "\n".join(lines) + "\n"
-    print(text, end="")
-    if ns.output != "-":
-        with open(ns.output, "w", encoding="utf-8") as f:
-            f.write(text)
+    publish(lines, ns.output)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ from kvadmit.executor.costspec import resolve_cost_model
 from kvadmit.sim.run import SimConfig
 from kvadmit.sim.sweep import SweepPoint, default_workers, run_point, run_points
 from kvadmit.sim.workload import WorkloadSpec
-from machine import cpu_model
+from machine import cpu_model, publish
 
 TARGET_S = 2.0
 COST = resolve_cost_model("h100:llama-3-8b")
@@ -123,11 +123,7 @@ def main() -> None:
         f"speed-up per round {listed(ratios, '×')} (median {statistics.median(ratios):.2f}×); cores kept "
         f"busy by the workers {listed(busy)} (their CPU seconds per wall second)",
     ]
-    text = "\n".join(lines) + "\n"
-    print(text, end="")
-    if ns.output != "-":
-        with open(ns.output, "w", encoding="utf-8") as f:
-            f.write(text)
+    publish(lines, ns.output)
 
 
 if __name__ == "__main__":
