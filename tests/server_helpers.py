@@ -156,7 +156,7 @@ def pool_is_whole(srv: RunningServer) -> tuple[int, int]:
 
 def wait_idle(srv: RunningServer, timeout: float = 30) -> None:
     deadline = time.monotonic() + timeout
-    while srv.runner.call(lambda: bool(srv.runner._live)).result(10):
+    while srv.runner.call(srv.runner.live_rids).result(10):
         if time.monotonic() > deadline:
             raise AssertionError("requests still in flight")
         time.sleep(0.02)

@@ -215,7 +215,7 @@ def router(state: ServerState) -> APIRouter:
     @r.post("/abort_request")
     async def abort_request(body: AbortBody) -> Response:
         if body.abort_all:
-            rids = await state.engine_call(lambda: list(state.runner._live))
+            rids = await state.engine_call(state.runner.live_rids)
             for rid in rids:
                 state.runner.abort(rid)
         elif body.rid:

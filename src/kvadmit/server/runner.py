@@ -412,6 +412,10 @@ class EngineRunner:
             "steps": self.steps,
         }
 
+    def live_rids(self) -> list[str]:
+        """Requests submitted and not yet answered (engine thread, through call())."""
+        return list(self._live)
+
     def flush_cache(self) -> bool:
         if not self.scheduler.is_fully_idle() or self._live:
             return False
