@@ -1,23 +1,26 @@
 """How well `kvadmit simulate` predicts the real engine: the same requests, real and replayed.
 
-1. Profile: `kvadmit profile` times the real executor (the default model) over a quick grid and writes a
-   cost model. A probe workload (not one of the three below) then runs through the real server and is
-   replayed with that cost model; the difference of their mean TPOT is the per-step overhead of the
-   serving stack that the executor's grid does not see (scheduler, engine loop, HTTP and streaming
-   threads on the same cores). It is added to the decode and prefill step as a second cost model.
+1. Profile: `kvadmit profile` times the real executor (the default model, the dtype `serve` picks) over
+   a grid of decode batch sizes × context lengths and prefill sizes, plus the engine loop's own time per
+   step, and writes a cost model (the decode grid is kept as measured: a table the simulator reads).
 2. Three workloads, not used above: each runs against a fresh `kvadmit serve` (the default model, the
-   same scheduler flags the simulation gets) under `kvadmit bench --output-details`, and the file that
-   writes is replayed by `kvadmit simulate --replay` with both cost models (each request made when the
-   client made it, sent when the run's --max-concurrency allows, with its real output length, seen by
-   the scheduler --request-latency-ms after it was sent).
-3. Compared per workload: the admission decisions (the `Prefill batch` lines' #new-seq, #running-req
-   and #queue-req, and the retraction lines, of the server's log against the simulated log), median TTFT,
-   mean TPOT and output throughput (% error), and retractions.
+   same scheduler flags the simulation gets, --decode-log-interval 1 so every step prints a line, and
+   --trace-requests) under `kvadmit bench --output-details`. Then two replays:
+   * by time: the bench file replayed by `kvadmit simulate --replay` (each request made when the client
+     made it, sent when the run's --max-concurrency allows, with its real output length, seen by the
+     scheduler --request-latency-ms after it was sent): the timing columns, and how far the decisions
+     still agree when the simulated clock, not the server's, decides which step a request arrives in;
+   * by step: the server's own trace replayed with `--replay-arrival step` (each request handed to the
+     scheduler right after the step it followed on the server, with its prompt ids and output length):
+     every decision line of both logs compared field by field — the scheduler's fidelity, apart from
+     the clock.
+3. Compared per workload: decisions (Prefill batch, Decode batch and retraction lines without times and
+   throughputs), median TTFT, mean TPOT and output throughput (% error), and retractions.
 
 Before each measured run the server gets a few settling requests (a fresh process runs its first steps
-many times slower) and its cache is flushed; the logs are compared from the measured run's warm-up on.
+many times slower) and its cache is flushed; the logs and traces are compared from the measured run on.
 
-Run: python benchmarks/sim_fidelity.py [--out DIR]   (about 5 minutes on 2 shared cores)
+Run: python benchmarks/sim_fidelity.py [--out DIR]   (about 6 minutes on 2 shared cores)
      python benchmarks/sim_fidelity.py --kept DIR       (simulate again against DIR's real runs)
 """
 
@@ -40,11 +43,14 @@ from pathlib import Path
 
 import httpx
 
+from kvadmit.observe.decisions import Decision, compare, decisions
 from machine import cpu_model
 
 KVADMIT = [sys.executable, "-m", "kvadmit.cli"]
-PROFILE = ["--batch-sizes", "1,4,12", "--context-lens", "64,256", "--prefill-lens", "32,128,384",
+PROFILE = ["--batch-sizes", "1,2,3,4,5,6,8,12", "--context-lens", "64,256", "--prefill-lens", "32,128,384",
            "--prefill-requests", "1,3", "--repeats", "7"]  # fmt: skip
+# Every step prints its line (prefill or decode), so the logs compare step for step.
+LOG_EVERY_STEP = ["--decode-log-interval", "1"]
 BENCH_COMMON = ["--backend", "sglang", "--dataset-name", "random-ids", "--tokenize-prompt", "--disable-tqdm"]
 # The simulated server sees a request this long after the client sent it (HTTP, parsing, the engine's
 # queue; assumed, not measured). What matters for the decisions is only that it is above 0: a request
@@ -69,12 +75,6 @@ class Workload:
     bench: list[str]
 
 
-PROBE = Workload(
-    "probe", "16 × (64–128 + 32), ignore_eos, concurrency 6",
-    ["--max-total-tokens", "8192"],
-    ["--num-prompts", "16", "--random-input-len", "128", "--random-output-len", "32",
-     "--random-range-ratio", "0.5", "--max-concurrency", "6", "--seed", "100"],
-)  # fmt: skip
 WORKLOADS = [
     Workload(
         "A steady", "20 × (64–256 + 24–48), ignore_eos, concurrency 4",
@@ -119,14 +119,20 @@ def real_run(w: Workload, out: Path) -> tuple[Path, list[str]]:
     server_log = out / f"{slug(w.name)}.server.log"
     server_log.unlink(missing_ok=True)
     server_err = out / f"{slug(w.name)}.server.stderr"
+    trace = out / f"{slug(w.name)}.trace.jsonl"
     with open(server_err, "w", encoding="utf-8") as err:
         proc = subprocess.Popen([*KVADMIT, "serve", "--port", str(port), "--log-file", str(server_log),
-                                 *w.server], stdout=err, stderr=err)  # fmt: skip
+                                 "--trace-requests", str(trace), *LOG_EVERY_STEP, *w.server],
+                                stdout=err, stderr=err)  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
         bench = [*KVADMIT, "bench", "--base-url", url, *BENCH_COMMON, "--ready-check-timeout-sec", "300"]
         run([*bench, *SETTLE], out / "bench.stderr")
         httpx.post(f"{url}/flush_cache", timeout=30)
+        # Every settling request has ended (and is in the trace) before the flush: the measured run's
+        # requests are the ones received after them.
+        settled = len(trace.read_text(encoding="utf-8").splitlines())
+        (out / f"{slug(w.name)}.settled").write_text(str(settled), encoding="utf-8")
         details = out / f"{slug(w.name)}.bench.jsonl"
         details.unlink(missing_ok=True)
         summary = run([*bench, *w.bench, "--output-file", str(details), "--output-details"],
@@ -150,11 +156,29 @@ def kept_run(w: Workload, out: Path) -> tuple[Path, list[str]]:
     return out / f"{slug(w.name)}.bench.jsonl", lines[flushed + 1 :]
 
 
+def measured_trace(w: Workload, out: Path) -> Path:
+    """The server's trace cut to the measured run (the requests received after the settling ones)."""
+    settled = int((out / f"{slug(w.name)}.settled").read_text(encoding="utf-8"))
+    rows = [json.loads(x) for x in (out / f"{slug(w.name)}.trace.jsonl").read_text().splitlines() if x]
+    cut = out / f"{slug(w.name)}.trace.measured.jsonl"
+    cut.write_text("".join(json.dumps(r) + "\n" for r in rows if r["seq"] >= settled), encoding="utf-8")
+    return cut
+
+
+def step_replay(w: Workload, trace: Path, cost: Path, out: Path) -> list[str]:
+    """The measured run's trace replayed step by step; the simulated log's lines."""
+    log = out / f"{slug(w.name)}.sim-step.log"
+    run([*KVADMIT, "simulate", "--replay", str(trace), "--replay-arrival", "step", "--cost-model", str(cost),
+         "--context-length", "8192", "--log-file", str(log), *LOG_EVERY_STEP, *w.server],
+        out / "sim.stderr")  # fmt: skip
+    return log.read_text(encoding="utf-8").splitlines()
+
+
 def simulated_run(w: Workload, details: Path, cost: Path, out: Path, tag: str) -> tuple[dict, list[str]]:
     log = out / f"{slug(w.name)}.sim-{tag}.log"
     cmd = [*KVADMIT, "simulate", "--replay", str(details), "--cost-model", str(cost),
            "--context-length", "8192", "--request-latency-ms", REQUEST_LATENCY_MS,
-           "--log-file", str(log), *w.server]  # fmt: skip
+           "--log-file", str(log), *LOG_EVERY_STEP, *w.server]  # fmt: skip
     stdout = run(cmd, out / "sim.stderr")
     return summary_numbers(stdout), log.read_text(encoding="utf-8").splitlines()
 
@@ -174,29 +198,8 @@ def bench_numbers(details: Path) -> dict[str, float]:
     return {"ttft": rec["median_ttft_ms"], "tpot": rec["mean_tpot_ms"], "tput": rec["output_throughput"]}
 
 
-PREFILL = re.compile(r"Prefill batch, #new-seq: (\d+), .*#running-req: (\d+), #queue-req: (\d+)")
-RETRACT = re.compile(r"Retract requests\. #retracted_reqs: (\d+)")
-
-
-def decisions(lines: list[str]) -> tuple[list[tuple[int, ...]], int, int]:
-    """(each Prefill batch's (#new-seq, #running-req, #queue-req), retraction lines, requests retracted)."""
-    prefills, events, retracted = [], 0, 0
-    for line in lines:
-        if m := PREFILL.search(line):
-            prefills.append(tuple(int(g) for g in m.groups()))
-        elif m := RETRACT.search(line):
-            events += 1
-            retracted += int(m.group(1))
-    return prefills, events, retracted
-
-
-def compare(real: list[tuple[int, ...]], sim: list[tuple[int, ...]]) -> str:
-    same = sum(1 for a, b in zip(real, sim, strict=False) if a == b)
-    first = next((i for i, (a, b) in enumerate(zip(real, sim, strict=False)) if a != b), None)
-    if first is None and len(real) == len(sim):
-        return f"all {len(real)} identical"
-    where = f"first differs at #{first + 1}" if first is not None else "one is longer"
-    return f"{same}/{max(len(real), len(sim))} identical ({where})"
+def retracted(found: list[Decision]) -> int:
+    return sum(int(v[0]) for kind, v in found if kind == "retract")  # type: ignore[call-overload]
 
 
 def pct(sim: float, real: float) -> str:
@@ -205,16 +208,6 @@ def pct(sim: float, real: float) -> str:
 
 def slug(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
-
-
-def with_overhead(cost: Path, overhead_ms: float, target: Path) -> None:
-    model = json.loads(cost.read_text(encoding="utf-8"))
-    model["decode"]["base_ms"] += overhead_ms
-    model["prefill"]["base_ms"] += overhead_ms
-    model.setdefault("notes", []).append(
-        f"+ {overhead_ms:.2f} ms per step: the serving stack's overhead, measured on the probe workload"
-    )
-    target.write_text(json.dumps(model, indent=2), encoding="utf-8")
 
 
 def load() -> str:
@@ -251,12 +244,9 @@ def main() -> None:
     else:
         profile_text = run([*KVADMIT, "profile", *PROFILE, "-o", str(cost)], out / "profile.stderr")
         fit_line = next((x for x in profile_text.splitlines() if x.startswith("fit error")), "")
-    details, _ = real_or_kept(PROBE, out)
-    probe_real = bench_numbers(details)
-    probe_sim, _ = simulated_run(PROBE, details, cost, out, "profile")
-    overhead = probe_real["tpot"] - probe_sim["tpot"]
-    cost_oh = out / "profile+overhead.json"
-    with_overhead(cost, overhead, cost_oh)
+    model = json.loads(cost.read_text(encoding="utf-8"))
+    dtype = next((n.split("dtype ")[-1] for n in model["notes"] if "dtype" in n), "?")
+    loop_ms = model["fit"].get("loop_overhead_ms", 0.0)
     loads.append(load())
 
     rows, notes = [], []
@@ -264,34 +254,35 @@ def main() -> None:
         details, real_log = real_or_kept(w, out)
         real = bench_numbers(details)
         loads.append(load())
-        real_p, real_events, real_retracted = decisions(real_log)
-        line = [w.name]
-        for tag, model in (("profile", cost), ("overhead", cost_oh)):
-            sim, sim_log = simulated_run(w, details, model, out, tag)
-            sim_p, sim_events, sim_retracted = decisions(sim_log)
-            if tag == "profile":
-                line += [compare(real_p, sim_p), f"{real_retracted} / {sim_retracted}"]
-                notes.append(f"{w.name}: {w.describe}; {len(real_p)} real and {len(sim_p)} simulated "
-                             f"Prefill batch lines; retraction lines {real_events} real, {sim_events} "
-                             "simulated")  # fmt: skip
-                if real_p != sim_p:
-                    notes.append(f"  real: {real_p}\n  sim:  {sim_p}")
-            for key, fmt in (("ttft", "{:,.0f}"), ("tpot", "{:.1f}"), ("tput", "{:.1f}")):
-                line.append(f"{fmt.format(real[key])} / {fmt.format(sim[key])} ({pct(sim[key], real[key])})")
+        real_d = decisions(real_log)
+        sim, sim_log = simulated_run(w, details, cost, out, "time")
+        sim_d = decisions(sim_log)
+        step_d = decisions(step_replay(w, measured_trace(w, out), cost, out))
+        by_step, by_time = compare(real_d, step_d), compare(real_d, sim_d)
+        line = [w.name, by_step.describe(), by_time.describe().split(", then")[0],
+                f"{retracted(real_d)} / {retracted(step_d)} / {retracted(sim_d)}"]  # fmt: skip
+        for key, fmt in (("ttft", "{:,.0f}"), ("tpot", "{:.1f}"), ("tput", "{:.1f}")):
+            line.append(f"{fmt.format(real[key])} / {fmt.format(sim[key])} ({pct(sim[key], real[key])})")
         rows.append(line)
+        notes.append(f"{w.name}: {w.describe}; decision lines: {len(real_d)} real, {len(step_d)} by step, "
+                     f"{len(sim_d)} by time")  # fmt: skip
+        if not by_step.identical:
+            notes.append(f"  by step: {by_step.describe()}")
+        if not by_time.identical:
+            notes.append(f"  by time: {by_time.describe()}")
 
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     print(f"# sim_fidelity: {when}; {cpu_model()}, {os.cpu_count()} cores; "
           f"load average (1, 5, 15 min) {' → '.join(loads)}")  # fmt: skip
-    print(f"# OMP_NUM_THREADS={ns.torch_threads}; profile: {' '.join(PROFILE)}; {fit_line}")
-    print(f"# probe ({PROBE.describe}): mean TPOT real {probe_real['tpot']:.1f} ms, simulated "
-          f"{probe_sim['tpot']:.1f} ms → per-step overhead {overhead:.1f} ms")  # fmt: skip
-    print("# each cell: real / simulated (error); 'sim' = the executor profile alone, "
-          "'sim+oh' = with the probe's per-step overhead; simulated request latency "
-          f"{REQUEST_LATENCY_MS} ms")  # fmt: skip
-    head = ["workload", "Prefill decisions (#new-seq, #running, #queue)", "requests retracted real / sim",
-            "TTFT p50 ms (sim)", "TPOT mean ms (sim)", "out tok/s (sim)",
-            "TTFT p50 ms (sim+oh)", "TPOT mean ms (sim+oh)", "out tok/s (sim+oh)"]  # fmt: skip
+    print(f"# OMP_NUM_THREADS={ns.torch_threads}; dtype {dtype}; profile: {' '.join(PROFILE)}; {fit_line}; "
+          f"engine loop {loop_ms:.2f} ms per step")  # fmt: skip
+    print("# decisions: Prefill batch, Decode batch and retraction lines (every step logs one) without times "
+          "and throughputs, server vs simulation; by step = the server's --trace-requests replayed with "
+          "--replay-arrival step; by time = the bench file replayed with each request's send time, "
+          f"seen by the scheduler {REQUEST_LATENCY_MS} ms later")  # fmt: skip
+    print("# timing cells: real / simulated by time (error)")
+    head = ["workload", "decisions by step", "decisions by time", "requests retracted real / step / time",
+            "TTFT p50 ms", "TPOT mean ms", "out tok/s"]  # fmt: skip
     print("| " + " | ".join(head) + " |")
     print("|" + " --- |" * len(head))
     for line in rows:

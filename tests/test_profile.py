@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from kvadmit.executor.costmodel import CostModel
-from kvadmit.executor.profile import profile_model, with_metadata
+from kvadmit.executor.profile import LOOP_OUTPUT, _decode_batch, profile_model, with_metadata
 from kvadmit.model.llama import CausalLM, ModelConfig
 
 TINY = ModelConfig(vocab_size=97, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4,
@@ -36,6 +36,26 @@ def test_a_profile_measures_its_grid_and_fits_a_cost_model() -> None:
     assert "decode grid (batch × context tokens per request): 1×16, 1×64, 4×16, 4×64" in cost.meta["notes"]
     assert set(cost.meta["fit"]) >= {"decode_mean_abs_error_pct", "prefill_mean_abs_error_pct"}
     assert CostModel.from_dict(json.loads(json.dumps(cost.to_dict()))) == cost
+    # The simulator reads the measured decode steps, each plus the engine loop's overhead per step.
+    table = cost.decode.table
+    assert table is not None and table.batch_sizes == (1, 4) and table.context_lens == (16, 64)
+    oh = profile.loop_overhead_ms
+    assert oh >= 0  # a step's wall time includes the executor's own
+    for m in profile.measurements:
+        if m.kind == "decode":
+            assert cost.decode.seconds(m.requests, m.requests * m.tokens) == pytest.approx(
+                m.seconds + oh / 1000, rel=1e-12
+            )
+    # The loop probe: one prefill gives each request its first token, then a decode step per token.
+    assert profile.loop_steps == 1 + (LOOP_OUTPUT - 1)
+
+
+def test_a_profiled_decode_batch_holds_its_context_in_slots_of_its_own() -> None:
+    """As in a server: shared slots would be read from cache and time a cheaper step than real ones."""
+    batch = _decode_batch(4, 10, 97)
+    slots = [set(r.kv) for r in batch.reqs]
+    assert all(len(s) == 11 for s in slots)  # 10 of context + the new token's
+    assert len(set().union(*slots)) == 44
 
 
 @pytest.fixture(scope="module")

@@ -207,6 +207,14 @@ def add_simulate_flags(p: argparse.ArgumentParser) -> None:
         "per line, as --trace-requests writes; or the file kvadmit bench --output-file F --output-details "
         "writes) instead of drawing a workload",
     )
+    w.add_argument(
+        "--replay-arrival",
+        choices=("time", "step"),
+        default="time",
+        help="time: send each request at its arrival time; step: hand it to the scheduler right after "
+        "the step it followed on the server (a trace from kvadmit serve --trace-requests), so every "
+        "decision can be compared with the server's step for step (no warm-up, no client limit)",
+    )
     c = p.add_argument_group("cost model")
     c.add_argument("--decode-step-ms", type=float, default=20.0)
     c.add_argument("--prefill-throughput", type=float, default=10_000.0, help="prefill tokens/s")
@@ -263,6 +271,14 @@ def simulate_config(ns: argparse.Namespace) -> SimConfig:
         replay = load_replay(ns.replay, ns.vocab_size, ns.seed) if ns.replay else None
     except (ValueError, ReplayError) as e:
         raise UsageError(str(e)) from None
+    by_step = getattr(ns, "replay_arrival", "time") == "step"
+    if by_step and replay is None:
+        raise UsageError("--replay-arrival step needs --replay TRACE.jsonl")
+    if by_step and replay is not None and replay.arrival_steps is None:
+        raise UsageError(
+            f"--replay-arrival step needs arrival_step on every line of {ns.replay!r} (kvadmit serve "
+            "--trace-requests FILE writes it); replay it by time instead"
+        )
     return SimConfig(
         args=args,
         workload=workload,
@@ -275,6 +291,7 @@ def simulate_config(ns: argparse.Namespace) -> SimConfig:
         backend=ns.backend,
         replay=replay,
         request_latency_s=ns.request_latency_ms / 1000,
+        replay_by_step=by_step,
     )
 
 

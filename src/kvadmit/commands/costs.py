@@ -150,6 +150,15 @@ def describe(cost: CostModel, context: tuple[int, ...] = (1024, 8192)) -> list[s
         f"prefill: {p.tokens_per_s:,.0f} tokens/s; a 2,048-token prefill takes "
         f"{1000 * p.seconds(1, 2048, 0):.1f} ms"
     )
+    sizes: tuple[int, ...] = (1, 8, 32, 64, 128, 256, 512)
+    if cost.decode.table is not None:
+        t = cost.decode.table
+        out.append(
+            f"decode: the measured step times of {', '.join(map(str, t.batch_sizes))} requests × "
+            f"{', '.join(f'{c:,}' for c in t.context_lens)} tokens of context each, read between the "
+            "points (the coefficients are the fit, for reading)"
+        )
+        sizes = tuple(sorted({*t.batch_sizes, *sizes}))
     out += [
         "",
         "| running requests | "
@@ -157,7 +166,7 @@ def describe(cost: CostModel, context: tuple[int, ...] = (1024, 8192)) -> list[s
         + " |",
         "| ---: |" + " ---: | ---: |" * len(context),
     ]
-    for b in (1, 8, 32, 64, 128, 256, 512):
+    for b in sizes:
         cells = []
         for c in context:
             s = cost.decode.seconds(b, b * c)

@@ -30,7 +30,10 @@ def profile_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[typ
         "--model-path", default=None, help="an HF folder or .gguf (default: SmolLM2-135M-Instruct)"
     )
     p.add_argument("-o", "--output", metavar="FILE", help="write the cost model (JSON) here")
-    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
+    p.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto",
+                   help="as kvadmit serve resolves it (auto: bfloat16 where the CPU computes it natively, "
+                   "else float32; bfloat16/float16 on CUDA), so the profile times the server's executor")
+    p.add_argument("--device", default="auto", help="cpu, cuda, or auto (cuda when present), as for serve")
     p.add_argument("--batch-sizes", type=_ints, default=(1, 4, 16, 64), help="decode batch sizes")
     p.add_argument("--context-lens", type=_ints, default=(128, 512, 2048), help="KV tokens per request")
     p.add_argument("--prefill-lens", type=_ints, default=(32, 128, 512, 2048), help="tokens per prefill")
@@ -42,11 +45,10 @@ def profile_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[typ
 def run_profile(ns: argparse.Namespace) -> int:
     from pathlib import Path
 
-    import torch
-
     from kvadmit.commands.costs import describe
     from kvadmit.executor.profile import Measurement, profile_model, with_metadata
     from kvadmit.model.default import DefaultModelError
+    from kvadmit.model.device import default_device, resolve_dtype
     from kvadmit.model.loading import ModelLoadError, load_hf_folder
     from kvadmit.model.runtime import resolve_model_path
 
@@ -56,7 +58,9 @@ def run_profile(ns: argparse.Namespace) -> int:
         raise UsageError(f"--model-path {ns.model_path!r} does not exist")
     try:
         folder = resolve_model_path(ns.model_path)
-        model = load_hf_folder(folder, getattr(torch, ns.dtype))
+        device = default_device() if ns.device == "auto" else ns.device
+        dtype = resolve_dtype(ns.dtype, device)
+        model = load_hf_folder(folder, dtype, device)
     except (ModelLoadError, DefaultModelError) as e:
         raise UsageError(str(e)) from None
 
@@ -76,13 +80,17 @@ def run_profile(ns: argparse.Namespace) -> int:
         repeats=ns.repeats,
         progress=show,
     )
-    cost = with_metadata(profile, folder.name, ns.dtype)
+    cost = with_metadata(profile, folder.name, str(dtype).removeprefix("torch."))
     fit = cost.meta["fit"]
     print("\n".join(describe(cost, context=(max(ns.context_lens),))))
     print(
         f"fit error: decode {fit['decode_mean_abs_error_pct']}% mean, "
         f"{fit['decode_max_abs_error_pct']}% max; prefill {fit['prefill_mean_abs_error_pct']}% mean, "
-        f"{fit['prefill_max_abs_error_pct']}% max"
+        f"{fit['prefill_max_abs_error_pct']}% max (the simulator reads the measured decode table, not "
+        "the decode fit)"
+    )
+    print(
+        f"engine loop: {fit['loop_overhead_ms']:.2f} ms per step beyond the executor, added to every step"
     )
     if ns.output:
         try:

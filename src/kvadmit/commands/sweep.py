@@ -4,15 +4,17 @@ Every `simulate` flag is accepted; these take comma-separated lists and span the
 --schedule-conservativeness, --max-running-requests, --max-total-tokens, --chunked-prefill-size,
 --admission-policy (server) and --max-concurrency, --request-rate (load). With --search-max-rate the
 request rate is searched instead: for each server setting, the largest rate that meets the target.
+Points run in worker processes on this machine's cores, or with --ray ADDRESS as tasks on a Ray cluster.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from kvadmit.config import ADMISSION_POLICIES, ServerArgs
 from kvadmit.errors import UsageError
@@ -66,6 +68,11 @@ def sweep_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
         g.add_argument("--" + dest.replace("_", "-"), type=_list_of(read), default=None, metavar="A,B,…")
     o = p.add_argument_group("sweep")
     o.add_argument("--workers", type=int, default=None, help="worker processes (default: one per core)")
+    o.add_argument("--ray", metavar="ADDRESS", default=None, help="run the points as tasks on the Ray "
+                   "cluster at ADDRESS (auto, HOST:PORT or ray://HOST:PORT; local: a private Ray instance "
+                   "on this machine) instead of worker processes; needs `pip install 'kvadmit[ray]'` here "
+                   "and, on a remote cluster, the same kvadmit installed on every node (or in the "
+                   "runtime_env of a `ray job submit` running this with --ray auto)")  # fmt: skip
     o.add_argument("--csv", metavar="FILE", help="write the results as CSV")
     o.add_argument("--svg", metavar="FILE", help="write charts of each metric against the load")
     o.add_argument("--search-max-rate", action="store_true", help="find the largest --request-rate "
@@ -115,6 +122,11 @@ def run_sweep(ns: argparse.Namespace) -> int:
     workers = ns.workers or default_workers()
     if workers <= 0:
         raise UsageError(f"--workers must be positive, got {ns.workers}")
+    if ns.ray is not None and ns.workers is not None:
+        raise UsageError("--workers is for worker processes on this machine; with --ray each point is a "
+                         "one-CPU task on the cluster: give one or the other")  # fmt: skip
+    if ns.ray is not None and not ns.ray.strip():
+        raise UsageError("--ray needs an address: auto, local, HOST:PORT or ray://HOST:PORT")
     combos = grid(ns)
     if ns.search_max_rate:
         return _run_search(ns, combos, workers)
@@ -122,19 +134,44 @@ def run_sweep(ns: argparse.Namespace) -> int:
     if ns.svg and load is None:
         raise UsageError("--svg plots against the load: give --max-concurrency or --request-rate a list")
     points = [SweepPoint(shown, simulate_config(_point_namespace(ns, values))) for shown, values in combos]
+    cluster_cpus: list[int] = []
     started = time.perf_counter()
-    results = run_points(points, workers)
+    with _ray_errors():
+        results = run_points(points, workers, ray_address=ns.ray, on_ray_connect=cluster_cpus.append)
     wall = time.perf_counter() - started
     print("\n".join(render_table(results)))
     print(
-        f"\n{len(results)} points, {min(workers, len(results))} worker process(es), {wall:.1f} s wall "
-        f"({sum(r.wall_s for r in results):.1f} s of simulation)"
+        f"\n{len(results)} points, {_where(ns.ray, cluster_cpus, min(workers, len(results)))}, "
+        f"{wall:.1f} s wall ({sum(r.wall_s for r in results):.1f} s of simulation)"
     )
     if ns.csv:
         _write(ns.csv, render_csv(results))
     if ns.svg and load is not None:
         _write(ns.svg, render_plots(results, load, title="kvadmit sweep"))
     return 0
+
+
+@contextlib.contextmanager
+def _ray_errors() -> Iterator[None]:
+    """Ray missing, a bad address or an unreachable cluster: one line, exit status 2."""
+    from kvadmit.sim.ray_pool import RayError
+
+    try:
+        yield
+    except RayError as e:
+        raise UsageError(f"--ray: {e}") from None
+
+
+def _where(ray_address: str | None, cluster_cpus: list[int], workers: int) -> str:
+    """Where the points ran, for the summary line."""
+    if ray_address is None:
+        return f"{workers} worker process(es)"
+    cpus = f"{cluster_cpus[0]} CPUs" if cluster_cpus else "CPUs unknown"
+    if ray_address == "local":
+        return f"on a local Ray instance ({cpus})"
+    if ray_address == "auto":
+        return f"on the Ray cluster --ray auto found ({cpus})"
+    return f"on the Ray cluster at {ray_address} ({cpus})"
 
 
 def _write(path: str, text: str) -> None:
@@ -172,8 +209,12 @@ def _run_search(ns: argparse.Namespace, combos: list[dict[str, object]], workers
         cfg = simulate_config(_point_namespace(ns, {**values, "request_rate": 1.0}))
         jobs.append((cfg, target, ns.rate_tolerance))
         labels.append(shown)
+    cluster_cpus: list[int] = []
     started = time.perf_counter()
-    found = parallel_map(_search_one, jobs, workers)
+    with _ray_errors():
+        found = parallel_map(
+            _search_one, jobs, workers, ray_address=ns.ray, on_ray_connect=cluster_cpus.append
+        )
     wall = time.perf_counter() - started
     keys = list(labels[0]) if labels else []
     stat = target.statistic
@@ -192,5 +233,5 @@ def _run_search(ns: argparse.Namespace, combos: list[dict[str, object]], workers
             cells += [f"{best.rate:,.3g}", f"{best.ttft_ms:,.0f}", f"{best.tpot_ms:,.2f}"]
         cells.append(str(len(result.probes)))
         print("| " + " | ".join(cells) + " |")
-    print(f"\n{len(jobs)} searches, {workers} worker process(es), {wall:.1f} s wall")
+    print(f"\n{len(jobs)} searches, {_where(ns.ray, cluster_cpus, workers)}, {wall:.1f} s wall")
     return 0

@@ -11,6 +11,12 @@ a prefill step of R requests computing N new tokens over C cached ones costs
     base_ms + per_request_ms × R + per_cached_token_ms × C + max(N / tokens_per_s, memory_ms)
 
 (memory_ms is the floor of reading the weights once; a tiny prefill cannot be faster than that).
+
+A decode part may instead carry the measured step times themselves (`kvadmit profile` writes them): a
+grid `table` of batch sizes × context tokens per request, read by interpolation (DecodeTable). A real
+engine's step time is not linear in the batch size (on a CPU, one request takes a matrix-vector path
+and two a matrix-matrix one at twice the cost), and the table keeps that shape; the coefficients then
+only describe the fit, for reading.
 Every coefficient not given is 0, so the simplest form is a constant decode step (`--decode-step-ms`) and
 a prefill throughput (`--prefill-throughput`); a file gives any of them:
 
@@ -24,6 +30,7 @@ a prefill throughput (`--prefill-throughput`); a file gives any of them:
 
 from __future__ import annotations
 
+import bisect
 import json
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -35,6 +42,82 @@ class CostModelError(ValueError):
     """The cost model file or flags are wrong; the message says which coefficient and why."""
 
 
+def _between(x: float, x0: float, x1: float, y0: float, y1: float, rising: bool = True) -> float:
+    """The line through (x0, y0) and (x1, y1) at x; past x1 its slope is floored at 0 when `rising` (a
+    noisy last pair must not make a larger step cheaper than the largest measured one)."""
+    if x1 == x0:
+        return y0
+    slope = (y1 - y0) / (x1 - x0)
+    if x > x1 and rising:
+        return y1 + max(slope, 0.0) * (x - x1)
+    return y0 + slope * (x - x0)
+
+
+def _segment(points: tuple[int, ...], x: float) -> tuple[int, int]:
+    """Indices (i, i + 1) of the grid segment that holds x (the first or last one outside the grid)."""
+    if len(points) == 1:
+        return 0, 0
+    i = bisect.bisect_right(points, x) - 1
+    i = min(max(i, 0), len(points) - 2)
+    return i, i + 1
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeTable:
+    """Measured decode step times: ms[i][j] for batch_sizes[i] requests each holding context_lens[j] KV
+    tokens. A batch of B requests holding K tokens in all is read at (B, K / B): linear between the grid
+    points in both directions; below the smallest batch size its row; above the largest, the last two
+    rows' line; along the context, the nearest segment's line. Slopes beyond the grid never fall."""
+
+    batch_sizes: tuple[int, ...]
+    context_lens: tuple[int, ...]
+    ms: tuple[tuple[float, ...], ...]
+
+    def row_ms(self, i: int, context: float) -> float:
+        row, lens = self.ms[i], self.context_lens
+        j0, j1 = _segment(lens, context)
+        return _between(context, lens[j0], lens[j1], row[j0], row[j1])
+
+    def step_ms(self, batch_size: int, kv_tokens: int) -> float:
+        context = kv_tokens / batch_size if batch_size else 0.0
+        sizes = self.batch_sizes
+        b = max(batch_size, sizes[0])
+        i0, i1 = _segment(sizes, b)
+        value = _between(b, sizes[i0], sizes[i1], self.row_ms(i0, context), self.row_ms(i1, context))
+        return max(value, 0.0)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> DecodeTable:
+        if not isinstance(data, dict) or set(data) != {"batch_sizes", "context_lens", "ms"}:
+            raise CostModelError('decode.table is an object with "batch_sizes", "context_lens" and "ms"')
+        sizes, lens, ms = data["batch_sizes"], data["context_lens"], data["ms"]
+        for name, axis in (("batch_sizes", sizes), ("context_lens", lens)):
+            if (
+                not isinstance(axis, list)
+                or not axis
+                or any(isinstance(v, bool) or not isinstance(v, int) or v <= 0 for v in axis)
+                or axis != sorted(set(axis))
+            ):
+                raise CostModelError(f"decode.table.{name} must list positive integers, rising, got {axis!r}")
+        if not isinstance(ms, list) or len(ms) != len(sizes):
+            raise CostModelError(f"decode.table.ms must have one row per batch size ({len(sizes)})")
+        for i, row in enumerate(ms):
+            if (
+                not isinstance(row, list)
+                or len(row) != len(lens)
+                or any(isinstance(v, bool) or not isinstance(v, int | float) or not v > 0 for v in row)
+            ):
+                raise CostModelError(
+                    f"decode.table.ms[{i}] must be {len(lens)} step times in ms > 0 (one per context "
+                    f"length), got {row!r}"
+                )
+        return cls(tuple(sizes), tuple(lens), tuple(tuple(float(v) for v in row) for row in ms))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"batch_sizes": list(self.batch_sizes), "context_lens": list(self.context_lens),
+                "ms": [list(row) for row in self.ms]}  # fmt: skip
+
+
 @dataclass(frozen=True, slots=True)
 class DecodeCost:
     base_ms: float = 20.0
@@ -42,8 +125,11 @@ class DecodeCost:
     per_kv_token_ms: float = 0.0
     compute_per_request_ms: float = 0.0
     compute_per_kv_token_ms: float = 0.0
+    table: DecodeTable | None = None  # measured step times; when given, the coefficients are not used
 
     def seconds(self, batch_size: int, kv_tokens: int) -> float:
+        if self.table is not None:
+            return self.table.step_ms(batch_size, kv_tokens) / 1000
         memory = self.base_ms + self.per_request_ms * batch_size + self.per_kv_token_ms * kv_tokens
         compute = self.compute_per_request_ms * batch_size + self.compute_per_kv_token_ms * kv_tokens
         return max(memory, compute) / 1000
@@ -51,6 +137,8 @@ class DecodeCost:
     @property
     def needs_kv_tokens(self) -> bool:
         """Whether the KV tokens of the batch change the step time (else the caller may pass 0)."""
+        if self.table is not None:
+            return len(self.table.context_lens) > 1
         return bool(self.per_kv_token_ms or self.compute_per_kv_token_ms)
 
 
@@ -118,7 +206,10 @@ class CostModel:
     def to_dict(self) -> dict[str, Any]:
         """The file form: metadata first, then every coefficient (zeros included, so a reader sees all)."""
         out: dict[str, Any] = {k: self.meta[k] for k in ("name", "source") if k in self.meta}
-        out["decode"] = {f.name: getattr(self.decode, f.name) for f in fields(DecodeCost)}
+        coefficients = [f.name for f in fields(DecodeCost) if f.name != "table"]
+        out["decode"] = {name: getattr(self.decode, name) for name in coefficients}
+        if self.decode.table is not None:
+            out["decode"]["table"] = self.decode.table.to_dict()
         out["prefill"] = {f.name: getattr(self.prefill, f.name) for f in fields(PrefillCost)}
         out.update({k: self.meta[k] for k in ("notes", "fit") if k in self.meta})
         return out
@@ -132,7 +223,11 @@ class CostModel:
 def _part(kind: type, values: Any, name: str) -> Any:
     if not isinstance(values, dict):
         raise CostModelError(f"cost model part {name!r} must be an object")
-    allowed = {f.name for f in fields(kind)}
+    table = None
+    if name == "decode" and "table" in values:
+        values = dict(values)
+        table = DecodeTable.from_dict(values.pop("table"))
+    allowed = {f.name for f in fields(kind)} - {"table"}
     for key, value in values.items():
         if key not in allowed:
             raise CostModelError(f"unknown {name} coefficient {key!r}; allowed: {', '.join(sorted(allowed))}")
@@ -140,4 +235,5 @@ def _part(kind: type, values: Any, name: str) -> Any:
             raise CostModelError(f"{name}.{key} must be a number ≥ 0, got {value!r}")
     if name == "prefill" and values.get("tokens_per_s", 1) <= 0:
         raise CostModelError("prefill.tokens_per_s must be > 0")
-    return kind(**{k: float(v) for k, v in values.items()})
+    coefficients = {k: float(v) for k, v in values.items()}
+    return kind(**coefficients, table=table) if table is not None else kind(**coefficients)

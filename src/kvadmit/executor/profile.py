@@ -1,14 +1,21 @@
 """`kvadmit profile`: time the real executor on this machine and fit a cost model to it.
 
-Decode: for each batch size B and context length L, B requests that each hold L tokens of KV decode one
+Decode: for each batch size B and context length L, B requests that each hold L tokens of KV (slots of
+their own, as in a server: shared slots would read the same memory B times, from cache) decode one
 token; the step time is the median of `repeats` runs after a warm-up. Prefill: R requests of N tokens
 each, from an empty cache. The same fit as calibration (fit.py) then gives
 
     decode  step = base_ms + per_request_ms × B + per_kv_token_ms × (B × L)
     prefill step = base_ms + per_request_ms × R + (R × N) / tokens_per_s
 
-The requests of a decode batch share their context's KV slots (each writes its own last slot): the
-attention reads the same number of values as with distinct slots, and the pool stays small.
+and the decode grid itself goes into the cost model as its table (costmodel.DecodeTable): the simulator
+reads the measured step times, the coefficients are the fit for reading (on this machine's CPU one
+request decodes through a matrix-vector path at half the cost of two, which no line through the grid
+follows).
+
+Last, the engine loop's own time per step: a few requests run through the real Engine (scheduler,
+executor, bookkeeping) on the wall clock, and what each step took beyond the executor's own time is the
+loop's overhead. Its mean is added to every decode and prefill step of the cost model.
 """
 
 from __future__ import annotations
@@ -21,12 +28,16 @@ from dataclasses import dataclass
 
 import torch
 
-from kvadmit.executor.costmodel import CostModel, DecodeCost, PrefillCost
+from kvadmit.config import ServerArgs
+from kvadmit.engine import Engine, WallClock
+from kvadmit.executor.base import StepResult
+from kvadmit.executor.costmodel import CostModel, DecodeCost, DecodeTable, PrefillCost
 from kvadmit.executor.fit import StepFit, fit_step_time
 from kvadmit.executor.torch_runner import TorchExecutor
 from kvadmit.model.llama import CausalLM
 from kvadmit.request import Req, SamplingLimits
 from kvadmit.sampling_params import SamplingParams
+from kvadmit.scheduler.scheduler import Scheduler
 from kvadmit.scheduler.types import ScheduledBatch
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -46,6 +57,8 @@ class Profile:
     measurements: list[Measurement]
     decode_fit: StepFit
     prefill_fit: StepFit
+    loop_overhead_ms: float = 0.0  # the engine loop's mean time per step beyond the executor's
+    loop_steps: int = 0  # the steps it was measured over
 
 
 def _req(rid: str, prompt_len: int, vocab: int) -> Req:
@@ -55,12 +68,12 @@ def _req(rid: str, prompt_len: int, vocab: int) -> Req:
 
 
 def _decode_batch(batch: int, context: int, vocab: int) -> ScheduledBatch:
-    shared = list(range(context))
+    """`batch` requests, each with `context` KV tokens in slots of its own and one new token to decode."""
     reqs = []
     for i in range(batch):
         req = _req(f"d{i}", context, vocab)
         req.output_ids = [1]
-        req.kv = [*shared, context + i]  # the new token's slot is its own
+        req.kv = list(range(i * (context + 1), (i + 1) * (context + 1)))
         reqs.append(req)
     return ScheduledBatch(kind="decode", reqs=reqs)
 
@@ -105,7 +118,11 @@ def profile_model(
     progress: Callable[[Measurement], None] | None = None,
 ) -> Profile:
     vocab = model.cfg.vocab_size
-    pool = max(max(context_lens) + max(batch_sizes), max(prefill_lens) * max(prefill_requests))
+    pool = max(
+        max(batch_sizes) * (max(context_lens) + 1),
+        max(prefill_lens) * max(prefill_requests),
+        2 * LOOP_REQUESTS * (LOOP_PROMPT + LOOP_OUTPUT),  # room for all of them at once
+    )
     executor = TorchExecutor(model, pool)
     settle(executor, _decode_batch(min(batch_sizes), min(context_lens), vocab))
     found: list[Measurement] = []
@@ -134,17 +151,70 @@ def profile_model(
         ("one", "requests", "tokens"),
     )
     per_token_ms = pfit.coef["tokens"]
+    overhead_ms, loop_steps = loop_overhead_ms(executor, pool, vocab)
+    step_ms = {(m.requests, m.tokens): 1000 * m.seconds for m in decode}
+    table = DecodeTable(
+        tuple(sorted(set(batch_sizes))),
+        tuple(sorted(set(context_lens))),
+        tuple(
+            tuple(step_ms[(b, c)] + overhead_ms for c in sorted(set(context_lens)))
+            for b in sorted(set(batch_sizes))
+        ),
+    )
     cost = CostModel(
         DecodeCost(
-            base_ms=dfit.coef["one"], per_request_ms=dfit.coef["batch"], per_kv_token_ms=dfit.coef["kv"]
+            base_ms=dfit.coef["one"] + overhead_ms,
+            per_request_ms=dfit.coef["batch"],
+            per_kv_token_ms=dfit.coef["kv"],
+            table=table,
         ),
         PrefillCost(
-            base_ms=pfit.coef["one"],
+            base_ms=pfit.coef["one"] + overhead_ms,
             per_request_ms=pfit.coef["requests"],
             tokens_per_s=1000 / per_token_ms if per_token_ms > 0 else 1e12,
         ),
     )
-    return Profile(cost, found, dfit, pfit)
+    return Profile(cost, found, dfit, pfit, overhead_ms, loop_steps)
+
+
+# The engine-loop probe: LOOP_REQUESTS requests of LOOP_PROMPT prompt tokens and LOOP_OUTPUT outputs.
+LOOP_REQUESTS, LOOP_PROMPT, LOOP_OUTPUT = 4, 48, 24
+
+
+class _Quiet:
+    """The probe's listener: nobody streams its tokens."""
+
+    def on_step(self, batch: ScheduledBatch, now: float) -> None:
+        pass
+
+    def on_finish(self, req: Req, now: float) -> None:
+        pass
+
+
+def loop_overhead_ms(executor: TorchExecutor, pool: int, vocab: int) -> tuple[float, int]:
+    """Run a few requests through the real Engine on the wall clock; (the mean of each step's wall time
+    minus the executor's own time for it, in ms; the steps measured)."""
+    scheduler = Scheduler(ServerArgs(max_total_tokens=pool), context_len=4 * pool)
+    seconds: list[float] = []
+
+    def executor_time(batch: ScheduledBatch, result: StepResult, now: float) -> None:
+        seconds.append(result.seconds)
+
+    engine = Engine(scheduler, executor, WallClock(), _Quiet(), (), (executor_time,))
+    for i in range(LOOP_REQUESTS):
+        req = _req(f"loop{i}", LOOP_PROMPT, vocab)
+        req.sampling = SamplingLimits(max_new_tokens=LOOP_OUTPUT, ignore_eos=True)
+        req.origin_input_ids = [(11 * j + 5 * i + 1) % vocab for j in range(LOOP_PROMPT)]
+        engine.submit(req)
+    walls: list[float] = []
+    while True:
+        start = time.perf_counter()
+        ran = engine.step()
+        if not ran:
+            break
+        walls.append(time.perf_counter() - start)
+    extra = [1000 * (w - s) for w, s in zip(walls, seconds, strict=True)]
+    return (statistics.mean(extra) if extra else 0.0), len(extra)
 
 
 def describe_machine() -> str:
@@ -163,6 +233,9 @@ def with_metadata(profile: Profile, model_name: str, dtype: str) -> CostModel:
             + ", ".join(f"{m.requests}×{m.tokens}" for m in profile.measurements if m.kind == "decode"),
             "prefill grid (requests × tokens each): "
             + ", ".join(f"{m.requests}×{m.tokens}" for m in profile.measurements if m.kind == "prefill"),
+            f"+ {profile.loop_overhead_ms:.2f} ms per step (decode table, decode and prefill base_ms): the "
+            f"engine loop around the executor (scheduler, bookkeeping), measured over {profile.loop_steps} "
+            "steps of the real Engine; HTTP and streaming are not in it",
         ],
         "fit": {
             "decode_mean_abs_error_pct": round(100 * d.mean_abs_error, 2),
@@ -170,6 +243,7 @@ def with_metadata(profile: Profile, model_name: str, dtype: str) -> CostModel:
             "prefill_mean_abs_error_pct": round(100 * p.mean_abs_error, 2),
             "prefill_max_abs_error_pct": round(100 * p.max_abs_error, 2),
             "outliers": len(d.outliers) + len(p.outliers),
+            "loop_overhead_ms": round(profile.loop_overhead_ms, 3),
         },
     }
     return CostModel(profile.cost.decode, profile.cost.prefill, meta)

@@ -42,6 +42,7 @@ class RunningBatch:
         "batch_is_full",
         "clip",
         "full_for_ignore_eos",
+        "kv_tokens",
         "kvs",
         "outs",
         "reqs",
@@ -55,6 +56,9 @@ class RunningBatch:
         # Parallel to reqs, for the decode step's C-speed appends: each request's output and KV lists.
         self.outs: list[list[int]] = []
         self.kvs: list[array[int]] = []
+        # Σ len(kv) over the batch: the KV a decode step's attention reads (the cost model's K), kept
+        # as requests join and leave and as each decode step gives each of them a slot.
+        self.kv_tokens = 0
         self._sum_full = 0
         self._sum_ratio = 0
         self._n_full = 0  # requests reserving in full (ignore_eos under 0.5.22)
@@ -88,6 +92,7 @@ class RunningBatch:
             self.reqs.append(req)
             self.outs.append(req.output_ids)
             self.kvs.append(req.kv)
+            self.kv_tokens += len(req.kv)
             self._count(req, +1)
             left = req.sampling.max_new_tokens - len(req.output_ids)
             self._push_due(req, left)
@@ -101,6 +106,7 @@ class RunningBatch:
     def replace(self, reqs: list[Req]) -> None:
         """Keep exactly `reqs`, in this order (after filtering or retraction)."""
         self.reqs, self.outs, self.kvs = [], [], []
+        self.kv_tokens = 0
         self._sum_full = self._sum_ratio = self._n_full = 0
         self._above = []
         self._due = []
@@ -111,6 +117,8 @@ class RunningBatch:
         for i in reversed(positions):
             req = self.reqs[i]
             self._count(req, -1)
+            # kvs[i] is the array it decoded into (a request that ended has a new, empty req.kv)
+            self.kv_tokens -= len(self.kvs[i])
             del self.reqs[i], self.outs[i], self.kvs[i]
         if self._above:
             self._above = [r for r in self._above if r.finished_reason is None]

@@ -400,7 +400,8 @@ class Scheduler(StepResults):
         else:
             for req in running.reqs:
                 self._alloc_kv(req, 1)
-        return ScheduledBatch(kind="decode", reqs=list(running.reqs))
+        running.kv_tokens += len(running.reqs)  # one slot each
+        return ScheduledBatch(kind="decode", reqs=list(running.reqs), kv_tokens=running.kv_tokens)
 
     def check_decode_or_retract(self) -> Retraction | None:
         """Before a decode step: can every running request get a slot? If not (or when SGLANG_TEST_RETRACT
@@ -505,6 +506,8 @@ class Scheduler(StepResults):
                 f"{self.cache.evictable_size()} + locked {self.cache.protected_size()} + held "
                 f"{held_pages * self.pool.page_size} = {total} != {self.max_total_num_tokens}"
             )
+        if self.running.kv_tokens != sum(map(len, self.running.kvs)):
+            raise AssertionError(f"running KV sum {self.running.kv_tokens} is out of step with the batch")
         if self._waiting_tokens != sum(r.seqlen for r in self.waiting):
             raise AssertionError(f"waiting-token count {self._waiting_tokens} is out of step with the queue")
         if self.req_slots.size - self.req_slots.available_size() != len(live):

@@ -35,6 +35,7 @@ class ScheduledBatch:
     reqs: list[Req]
     chunked: Req | None = None  # in a prefill: the request whose prompt is still unfinished after it
     stats: PrefillBatchStats | None = None
+    kv_tokens: int = -1  # in a decode: Σ len(kv) over reqs, as the scheduler keeps it (−1: not given)
 
 
 @dataclass(slots=True)

@@ -46,6 +46,10 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
                    default=float(os.environ.get("SGLANG_HEALTH_CHECK_TIMEOUT", 20)))  # fmt: skip
     g.add_argument("--graceful-shutdown-timeout", type=float, default=10.0,
                    help="seconds in-flight requests get after SIGTERM before they are aborted")  # fmt: skip
+    g.add_argument("--trace-requests", metavar="FILE", default=None,
+                   help="write one JSON line per request as it ends: when the engine received it (time and "
+                   "step), its lengths and prompt ids; `kvadmit simulate --replay FILE` runs it again, "
+                   "with --replay-arrival step step for step")  # fmt: skip
     g.add_argument("--simulate", metavar="COST_MODEL", default=None,
                    help="serve a predicted GPU: the simulated executor in real time with this cost model "
                    "(a JSON file or a preset such as h100:llama-3-8b), no weights needed")  # fmt: skip
@@ -99,7 +103,16 @@ def build_state(ns: argparse.Namespace, args: ServerArgs) -> Any:
     if ns.enable_metrics:
         metrics = ServerMetrics(name, backend.pool_size, args.page_size, backend.context_len)
     emit = logging.getLogger("kvadmit.server").info
-    runner = EngineRunner(backend, args, metrics=metrics, emit_log=emit, watchdog_timeout=ns.watchdog_timeout)
+    trace = None
+    if ns.trace_requests:
+        from kvadmit.server.request_trace import RequestTrace
+
+        try:
+            trace = RequestTrace(ns.trace_requests)
+        except OSError as e:
+            raise UsageError(f"--trace-requests: cannot write {ns.trace_requests!r}: {e.strerror}") from None
+    runner = EngineRunner(backend, args, metrics=metrics, emit_log=emit, watchdog_timeout=ns.watchdog_timeout,
+                          trace=trace)  # fmt: skip
     resolved = {k: v for k, v in asdict(args).items() if k != "knobs"}
     resolved.update(
         model_path=backend.model_path, tokenizer_path=backend.tokenizer_path, host=ns.host, port=ns.port,

@@ -30,6 +30,7 @@ from kvadmit.scheduler.scheduler import Scheduler
 from kvadmit.scheduler.types import ScheduledBatch
 from kvadmit.server.backend import Backend
 from kvadmit.server.metrics import ServerMetrics
+from kvadmit.server.request_trace import RequestTrace
 
 T = TypeVar("T")
 SHUTDOWN_MESSAGE = "The server is shutting down."
@@ -113,6 +114,12 @@ class _Live:
     sent: int = 0  # output tokens already put on the stream
     first_token_time: float | None = None
     detok: Any = None  # stop-string detokenizer (only for requests with stop strings)
+    # When the engine received it (for --trace-requests): its order, seconds since the start, the steps
+    # run before it, and whether an idle pass came between the last of them and it.
+    seq: int = 0
+    arrival: float = 0.0
+    arrival_step: int = 0
+    after_idle: bool = False
 
 
 class EngineRunner:
@@ -124,8 +131,11 @@ class EngineRunner:
         metrics: ServerMetrics | None = None,
         emit_log: Callable[[str], None] | None = None,
         watchdog_timeout: float = 300.0,
+        trace: RequestTrace | None = None,
     ) -> None:
         self.backend = backend
+        self.trace = trace
+        self.started = time.time()
         self.args = args
         self.metrics = metrics
         self.watchdog_timeout = watchdog_timeout
@@ -177,6 +187,7 @@ class EngineRunner:
         self.error: str | None = None  # why the engine loop died
         self.last_progress = time.monotonic()
         self.steps = 0
+        self._idle = True  # the last pass found nothing to run
         self.submitted = 0  # requests handed to the engine thread
         self.answered = 0  # requests whose end was put on their stream (each exactly once)
         self.thread = threading.Thread(target=self._loop, name="kvadmit-engine", daemon=True)
@@ -259,10 +270,12 @@ class EngineRunner:
                     break
                 if self.engine.step():
                     self.steps += 1
+                    self._idle = False
                     self.last_progress = time.monotonic()
                     self._idle_published = False
                     self._outbox.flush()
                     continue
+                self._idle = True
                 self.last_progress = time.monotonic()
                 if not self._idle_published and self.metrics is not None:
                     self._publish_pool()
@@ -309,7 +322,8 @@ class EngineRunner:
             self._outbox.put(job.stream, Finished("abort", None, message, 503, len(job.input_ids), 0, 0))
             return
         req = Req(rid=job.rid, origin_input_ids=job.input_ids, sampling=job.limits, params=job.params)
-        live = _Live(job, req)
+        live = _Live(job, req, seq=self.submitted - 1, arrival=time.time() - self.started,
+                     arrival_step=self.steps, after_idle=self._idle)  # fmt: skip
         if job.stop:
             from kvadmit.model.detokenize import IncrementalDetokenizer
 
@@ -389,7 +403,21 @@ class EngineRunner:
         self.backend.forget(rid)
         if self.metrics is not None:
             self.metrics.forget(rid)
+        if self.trace is not None:
+            self._trace(live, finished)
         self._outbox.put(live.job.stream, finished)
+
+    def _trace(self, live: _Live, finished: Finished) -> None:
+        assert self.trace is not None
+        req = live.req
+        self.trace.write({
+            "seq": live.seq, "rid": live.job.rid, "arrival": round(live.arrival, 6),
+            "arrival_step": live.arrival_step, "after_idle": live.after_idle,
+            "prompt_len": len(req.origin_input_ids), "max_new_tokens": req.sampling.max_new_tokens,
+            "ignore_eos": req.sampling.ignore_eos, "output_len": len(req.output_ids), "finish": finished.kind,
+            "cached_tokens": req.cached_tokens, "retractions": req.retraction_count,
+            "input_ids": list(req.origin_input_ids),
+        })  # fmt: skip
 
     # ----- state (engine thread, through call()) --------------------------------------------------
     def internal_state(self) -> dict[str, Any]:

@@ -87,15 +87,22 @@ class SimClient:
             _, rid, spec, outcome = self.queue.popleft()
             if slots is not None:
                 slots.popleft()
-            req = Req(
-                rid=rid,
-                origin_input_ids=spec.prompt(self.vocab_size, self._token_ids),
-                sampling=SamplingLimits(max_new_tokens=spec.max_new_tokens, ignore_eos=spec.ignore_eos),
-            )
-            if outcome is not None:
-                outcome.start_time = sent
-            self.flights[rid] = _Flight(spec, outcome, sent)
-            self.engine.submit(req)
+            self.send_now(spec, outcome, rid, sent)
+
+    def send_now(self, spec: SimRequest, outcome: RequestOutcome | None, rid: str, sent: float) -> None:
+        """Hand one request to the engine now, as sent at `sent` (a step replay's way in)."""
+        assert self.engine is not None
+        if spec.true_output_len is not None:
+            self.true_output_len[rid] = spec.true_output_len
+        req = Req(
+            rid=rid,
+            origin_input_ids=spec.prompt(self.vocab_size, self._token_ids),
+            sampling=SamplingLimits(max_new_tokens=spec.max_new_tokens, ignore_eos=spec.ignore_eos),
+        )
+        if outcome is not None:
+            outcome.start_time = sent
+        self.flights[rid] = _Flight(spec, outcome, sent)
+        self.engine.submit(req)
 
     def next_arrival(self) -> float | None:
         """When the next request goes on the wire, if that does not wait for a request to end."""

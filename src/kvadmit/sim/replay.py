@@ -9,11 +9,22 @@ One JSON object per line. Fields (the per-request file `kvadmit simulate --trace
     output_len       tokens it really generated
     true_output_len  where it stops (EOS), when known; preferred over output_len
     ignore_eos       default false
-    rid              kept for reference; the simulation names requests req-0, req-1, … in file order
+    rid              kept for reference; the simulation names requests req-0, req-1, … in arrival order
+    input_ids        the prompt's token ids (optional; with them, cached prefixes replay as they were)
+    seq              the order the server received requests in (breaks ties of arrival)
+    arrival_step     the engine steps run before the server received it (needed by step replay)
+    after_idle       whether an idle pass came between those steps and it (step replay; default false)
 
-A request without ignore_eos stops at true_output_len (or output_len, or max_new_tokens when neither is
-known); with ignore_eos it runs to max_new_tokens. Prompts are distinct token sequences (a trace carries
-no text), so no two requests share a cached prefix.
+`kvadmit serve --trace-requests FILE` writes all of these. A request without ignore_eos stops at
+true_output_len (or output_len, or max_new_tokens when neither is known); with ignore_eos it runs to
+max_new_tokens. Without input_ids, prompts are distinct token sequences, so no two requests share a
+cached prefix.
+
+Two ways to replay (`--replay-arrival`): `time` sends each request at its arrival time (the scheduler
+sees it --request-latency-ms later), so a faster or slower simulated server sees requests at other steps
+than the real one did; `step` hands each request to the scheduler right after the step it followed on
+the server (taking the idle pass it saw first, if any), so given the same output lengths every
+scheduling decision can be compared with the server's, step for step.
 
 It also takes the file `kvadmit bench --output-file F --output-details` writes: one JSON line per run
 whose per-request lists give, request by request, `arrival_times` (when the client made the request),
@@ -47,6 +58,8 @@ class Replay:
     arrivals: tuple[float, ...]  # seconds after the start of the measured run, one per request
     rids: tuple[str, ...]  # the trace's own ids (or req-N when it has none)
     max_concurrency: int | None = None  # the bench run's limit, when its file gives arrival times
+    arrival_steps: tuple[int, ...] | None = None  # per request, when every line gives arrival_step
+    after_idle: tuple[bool, ...] | None = None
 
 
 def _int(row: dict[str, object], key: str, where: str, minimum: int) -> int:
@@ -136,8 +149,9 @@ def _json_rows(lines: list[str], name: str) -> tuple[list[tuple[int, str, dict[s
 
 
 def parse_replay(lines: list[str], vocab_size: int = 32000, seed: int = 0, name: str = "trace") -> Replay:
-    """The requests in order of arrival (file order on ties)."""
-    rows: list[tuple[float, int, int, int | None, bool, str]] = []
+    """The requests in order of arrival (seq, then file order, on ties)."""
+    rows: list[tuple[float, int, int, int | None, bool, str, tuple[int, ...] | None, int | None, bool, int]]
+    rows = []
     found, limit = _json_rows(lines, name)
     for no, where, row in found:
         arrival = row.get("arrival")
@@ -148,13 +162,39 @@ def parse_replay(lines: list[str], vocab_size: int = 32000, seed: int = 0, name:
         ignore_eos = bool(row.get("ignore_eos", False))
         true_len = None if ignore_eos else _stop(row, where, max_new)
         rid = str(row.get("rid", f"line-{no}"))
-        rows.append((float(arrival), prompt_len, max_new, true_len, ignore_eos, rid))
+        tokens = _tokens(row, where, prompt_len)
+        step = _int(row, "arrival_step", where, 0) if row.get("arrival_step") is not None else None
+        seq = _int(row, "seq", where, 0) if row.get("seq") is not None else no
+        idle = bool(row.get("after_idle", False))
+        rows.append((float(arrival), prompt_len, max_new, true_len, ignore_eos, rid, tokens, step, idle, seq))
     if not rows:
         raise ReplayError(f"{name}: no requests")
-    rows.sort(key=lambda r: r[0])
+    rows.sort(key=lambda r: (r[0], r[9]))
     offsets = np.random.RandomState(seed).randint(0, vocab_size, size=len(rows)).tolist()
-    requests = tuple(SimRequest(i, p, m, m, t, e, offsets[i]) for i, (_, p, m, t, e, _) in enumerate(rows))
-    return Replay(requests, tuple(r[0] for r in rows), tuple(r[5] for r in rows), limit)
+    requests = tuple(
+        SimRequest(i, r[1], r[2], r[2], r[3], r[4], offsets[i], r[6]) for i, r in enumerate(rows)
+    )
+    steps = [r[7] for r in rows]
+    has_steps = all(s is not None for s in steps)
+    return Replay(
+        requests,
+        tuple(r[0] for r in rows),
+        tuple(r[5] for r in rows),
+        limit,
+        tuple(s for s in steps if s is not None) if has_steps else None,
+        tuple(r[8] for r in rows) if has_steps else None,
+    )
+
+
+def _tokens(row: dict[str, object], where: str, prompt_len: int) -> tuple[int, ...] | None:
+    ids = row.get("input_ids")
+    if ids is None:
+        return None
+    if not isinstance(ids, list) or any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in ids):
+        raise ReplayError(f"{where}: input_ids must be a list of token ids (integers ≥ 0)")
+    if len(ids) != prompt_len:
+        raise ReplayError(f"{where}: input_ids has {len(ids)} tokens but prompt_len is {prompt_len}")
+    return tuple(ids)
 
 
 def load_replay(path: str, vocab_size: int = 32000, seed: int = 0) -> Replay:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import json
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -21,7 +22,7 @@ from kvadmit.scheduler.events import Event, Retraction, StartupInfo
 from kvadmit.scheduler.scheduler import ScheduledBatch, Scheduler
 from kvadmit.sim.client import SimClient
 from kvadmit.sim.replay import Replay
-from kvadmit.sim.workload import WorkloadSpec, build_workload
+from kvadmit.sim.workload import SimRequest, WorkloadSpec, build_workload
 
 DEFAULT_START = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
@@ -47,6 +48,8 @@ class SimConfig:
     start: datetime = DEFAULT_START
     replay: Replay | None = None  # requests and send times from a trace, instead of the workload
     request_latency_s: float = 0.0  # from a client sending a request to the scheduler seeing it
+    # Replay by step (replay.py): each request handed over right after the step it followed on the server.
+    replay_by_step: bool = False
 
 
 @dataclass(slots=True)
@@ -154,12 +157,18 @@ def _simulate(
                 raise SimulationStalled(f"{len(client.flights)} requests in flight, nothing to run")
             return
 
+    if cfg.replay is not None and cfg.replay_by_step:
+        outcomes = [RequestOutcome(prompt_len=s.prompt_len) for s in specs]
+        steps = _run_by_step(cfg.replay, engine, client, clock, outcomes)
+        start = 0.0
+        return _finish(cfg, specs, outcomes, client, start, request_trace, retractions, steps, scheduler)
+
     # Warm-up: the first request's prompt, at most 32 output tokens, behind the same concurrency limit.
     if cfg.warmup_requests > 0:
         first = specs[0]
         warm = type(first)(
             first.index, first.prompt_len, first.output_len, min(first.output_len, 32), None,
-            first.ignore_eos, first.offset,
+            first.ignore_eos, first.offset, first.tokens,
         )  # fmt: skip
         for k in range(cfg.warmup_requests):
             client.schedule(clock.now(), warm, None, f"warmup-{k}")
@@ -178,6 +187,64 @@ def _simulate(
         if rng is not None and cfg.request_rate != float("inf"):
             arrival += float(rng.exponential(1.0 / cfg.request_rate))
     run_until_idle()
+    return _finish(cfg, specs, outcomes, client, start, request_trace, retractions, steps, scheduler)
+
+
+def _run_by_step(
+    replay: Replay, engine: Engine, client: SimClient, clock: VirtualClock, outcomes: list[RequestOutcome]
+) -> int:
+    """Hand each request over right after the step it followed on the server; the steps run.
+
+    Request i was received by the server after its step arrival_steps[i] (counted from the trace's
+    first request), before the next scheduling pass; if an idle pass came between, the replay takes one
+    too (it resets the new-token ratio). While the engine has nothing to run the clock moves on to the
+    request's recorded arrival, so idle gaps stay in the simulated times. Should the replay find nothing
+    to run where the server had work (its decisions differed), the next request is handed over at once."""
+    steps_of, after_idle = replay.arrival_steps, replay.after_idle
+    assert steps_of is not None and after_idle is not None
+    base, first = min(steps_of), min(replay.arrivals)
+    pending = deque(sorted(range(len(replay.requests)), key=lambda i: (steps_of[i], i)))
+    steps = 0
+    idle_pass = True  # the engine found nothing to run since its last step (true before the first)
+    while True:
+        while pending:
+            i = pending[0]
+            due = steps_of[i] - base <= steps
+            empty = engine.scheduler.is_fully_idle()
+            if not due and not (idle_pass and empty):
+                break
+            pending.popleft()
+            if after_idle[i] and not idle_pass and empty:
+                idle_pass = not engine.step()  # the server's idle pass: runs nothing, resets the ratio
+            if idle_pass and empty:
+                clock.advance_to(replay.arrivals[i] - first)  # the engine waited for it
+            spec = replay.requests[i]
+            client.send_now(spec, outcomes[spec.index], f"req-{spec.index}", clock.now())
+            if not due:
+                break  # handed over ahead of its step: run what it brought first
+        if engine.step():
+            steps += 1
+            idle_pass = False
+            continue
+        idle_pass = True
+        if pending:
+            continue
+        if client.flights:
+            raise SimulationStalled(f"{len(client.flights)} requests in flight, nothing to run")
+        return steps
+
+
+def _finish(
+    cfg: SimConfig,
+    specs: list[SimRequest],
+    outcomes: list[RequestOutcome],
+    client: SimClient,
+    start: float,
+    request_trace: IO[str] | None,
+    retractions: int,
+    steps: int,
+    scheduler: Scheduler,
+) -> SimResult:
     client.fill_token_times()
     duration = max((o.start_time + o.latency for o in outcomes), default=start) - start
     if request_trace is not None:

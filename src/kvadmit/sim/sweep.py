@@ -3,12 +3,13 @@
 A point is a SimConfig and the settings that made it (for the table). `run_point` simulates it and keeps
 what an operator compares: TTFT p50/p99, TPOT, throughput, retractions per minute, time in the queue,
 and how full the pool ran. `run_points` spreads points over worker processes (each simulation is
-single-threaded and independent), in the order given.
+single-threaded and independent), or over a Ray cluster given its address (ray_pool), in the order given.
 """
 
 from __future__ import annotations
 
 import multiprocessing
+import operator
 import os
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -55,6 +56,7 @@ class PointResult:
         return float(getattr(self, name))
 
 
+_KV = operator.attrgetter("kv")
 KV_SAMPLE_EVERY = 8  # decode steps between KV-usage samples (counting every request's KV costs O(batch))
 
 
@@ -82,7 +84,7 @@ class _Watch:
         self.decodes += 1
         if self.decodes % KV_SAMPLE_EVERY == 1:
             self.sampled_time += s
-            self.kv_time += s * sum([len(r.kv) for r in batch.reqs])
+            self.kv_time += s * sum(map(len, map(_KV, batch.reqs)))
 
 
 def _pct(values: Sequence[float], q: float) -> float:
@@ -129,9 +131,20 @@ def default_workers() -> int:
     return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
 
 
-def parallel_map(fn: Callable[[object], object], items: Iterable[object], workers: int) -> list[object]:
-    """fn over items in worker processes (fork where the platform has it), results in input order."""
+def parallel_map(
+    fn: Callable[[object], object],
+    items: Iterable[object],
+    workers: int,
+    ray_address: str | None = None,
+    on_ray_connect: Callable[[int], None] | None = None,
+) -> list[object]:
+    """fn over items in worker processes (fork where the platform has it), or as tasks on the Ray cluster
+    at ray_address (workers unused; on_ray_connect gets its CPU count), results in input order."""
     items = list(items)
+    if ray_address is not None:
+        from kvadmit.sim.ray_pool import ray_map
+
+        return ray_map(fn, items, ray_address, on_connect=on_ray_connect)
     workers = max(1, min(workers, len(items)))
     if workers == 1:
         return [fn(x) for x in items]
@@ -141,6 +154,17 @@ def parallel_map(fn: Callable[[object], object], items: Iterable[object], worker
         return pool.map(fn, items, chunksize=1)
 
 
-def run_points(points: Sequence[SweepPoint], workers: int | None = None) -> list[PointResult]:
-    results = parallel_map(run_point, points, workers or default_workers())  # type: ignore[arg-type]
+def run_points(
+    points: Sequence[SweepPoint],
+    workers: int | None = None,
+    ray_address: str | None = None,
+    on_ray_connect: Callable[[int], None] | None = None,
+) -> list[PointResult]:
+    results = parallel_map(
+        run_point,  # type: ignore[arg-type]
+        points,
+        workers or default_workers(),
+        ray_address=ray_address,
+        on_ray_connect=on_ray_connect,
+    )
     return results  # type: ignore[return-value]

@@ -26,13 +26,16 @@ class SimRequest:
     # randint(0, vocab_size) — bench_serving 0.5.22's sample_random_requests (sglang/benchmark/datasets/
     # random.py in the PyPI wheel), not spelled out in the reference.
     offset: int
+    tokens: tuple[int, ...] | None = None  # the prompt itself (a replayed trace's input_ids)
 
     def prompt(self, vocab_size: int, token_ids: list[int] | None = None) -> list[int]:
-        """Token j is (offset + index + j) % vocab_size, built from whole ranges.
+        """Token j is (offset + index + j) % vocab_size, built from whole ranges (or `tokens`, when given).
 
         `token_ids` (= list(range(vocab_size)), built once by the caller) makes this a few slices of
         existing int objects instead of a thousand new ones.
         """
+        if self.tokens is not None:
+            return list(self.tokens)
         ids = token_ids if token_ids is not None else list(range(vocab_size))
         start = (self.offset + self.index) % vocab_size
         tokens = ids[start : start + self.prompt_len]

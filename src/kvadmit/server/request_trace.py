@@ -1,0 +1,31 @@
+"""`kvadmit serve --trace-requests FILE`: one JSON line per request as it ends, with what `kvadmit
+simulate --replay` needs to run the same requests again, by their times or step by step.
+
+    seq           the order the engine received requests in (0, 1, …)
+    rid           the request's id
+    arrival       seconds from the server's start to the engine receiving it
+    arrival_step  the engine steps (prefill or decode batches) run before it was received: it was first
+                  seen by the scheduling pass of step arrival_step + 1
+    after_idle    whether the engine had found nothing to run since that step (an idle pass resets the
+                  new-token ratio, so a replay must take it too)
+    prompt_len, input_ids, max_new_tokens (as the scheduler capped it), ignore_eos
+    output_len    the tokens it generated; finish: stop, length or abort; cached_tokens; retractions
+
+The file is written line by line (a run cut short keeps every request that ended before the cut).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import IO, Any
+
+
+class RequestTrace:
+    def __init__(self, path: str) -> None:
+        self._file: IO[str] = open(path, "w", encoding="utf-8", buffering=1)  # noqa: SIM115 (kept open)
+
+    def write(self, row: dict[str, Any]) -> None:
+        self._file.write(json.dumps(row, separators=(",", ":")) + "\n")
+
+    def close(self) -> None:
+        self._file.close()
