@@ -1,8 +1,12 @@
 """How well `kvadmit simulate` predicts the real engine: the same requests, real and replayed.
 
-1. Profile: `kvadmit profile` times the real executor (the default model, the dtype `serve` picks) over
-   a grid of decode batch sizes × context lengths and prefill sizes, plus the engine loop's own time per
-   step, and writes a cost model (the decode grid is kept as measured: a table the simulator reads).
+1. Profile: a probe workload (not one of the three below: 32 requests, concurrency 16) runs through a
+   fresh `kvadmit serve` that logs every step. Then `kvadmit profile` times the real executor (the
+   default model, the dtype `serve` picks) over a grid of decode batch sizes × context lengths and
+   prefill sizes, plus the engine loop's own time per step, and with `--serving-log` the probe's log:
+   what each of its decode steps took beyond the executor's time for that batch (the serving stack:
+   HTTP and streaming threads and the client on the same two cores), fitted as a + b × running
+   requests. It writes one cost model (the decode grid kept as measured: a table the simulator reads).
 2. Three workloads, not used above: each runs against a fresh `kvadmit serve` (the default model, the
    same scheduler flags the simulation gets, --decode-log-interval 1 so every step prints a line, and
    --trace-requests) under `kvadmit bench --output-details`. Then two replays:
@@ -47,7 +51,8 @@ from kvadmit.observe.decisions import Decision, compare, decisions
 from machine import cpu_model
 
 KVADMIT = [sys.executable, "-m", "kvadmit.cli"]
-PROFILE = ["--batch-sizes", "1,2,3,4,5,6,8,12", "--context-lens", "64,256", "--prefill-lens", "32,128,384",
+PROFILE = ["--batch-sizes", ",".join(map(str, range(1, 25))), "--context-lens", "64,256",
+           "--prefill-lens", "32,128,384",
            "--prefill-requests", "1,3", "--repeats", "7"]  # fmt: skip
 # Every step prints its line (prefill or decode), so the logs compare step for step.
 LOG_EVERY_STEP = ["--decode-log-interval", "1"]
@@ -75,6 +80,12 @@ class Workload:
     bench: list[str]
 
 
+PROBE = Workload(
+    "probe", "32 × (32–128 + 24–48), ignore_eos, concurrency 16",
+    ["--max-total-tokens", "8192"],
+    ["--num-prompts", "32", "--random-input-len", "128", "--random-output-len", "48",
+     "--random-range-ratio", "0.25", "--max-concurrency", "16", "--seed", "100"],
+)  # fmt: skip
 WORKLOADS = [
     Workload(
         "A steady", "20 × (64–256 + 24–48), ignore_eos, concurrency 4",
@@ -242,8 +253,13 @@ def main() -> None:
         fit_line = (f"fit error: decode {fit['decode_mean_abs_error_pct']}% mean (kept from {out}; "
                     "the load averages below are of this re-simulation, not of the real runs)")  # fmt: skip
     else:
-        profile_text = run([*KVADMIT, "profile", *PROFILE, "-o", str(cost)], out / "profile.stderr")
+        _, probe_log = real_run(PROBE, out)
+        serving_log = out / "probe.serving.log"
+        serving_log.write_text("\n".join(probe_log) + "\n", encoding="utf-8")
+        profile = [*KVADMIT, "profile", *PROFILE, "--serving-log", str(serving_log), "-o", str(cost)]
+        profile_text = run(profile, out / "profile.stderr")
         fit_line = next((x for x in profile_text.splitlines() if x.startswith("fit error")), "")
+        fit_line += "; " + next((x for x in profile_text.splitlines() if x.startswith("serving stack")), "")
     model = json.loads(cost.read_text(encoding="utf-8"))
     dtype = next((n.split("dtype ")[-1] for n in model["notes"] if "dtype" in n), "?")
     loop_ms = model["fit"].get("loop_overhead_ms", 0.0)

@@ -39,6 +39,11 @@ def profile_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[typ
     p.add_argument("--prefill-lens", type=_ints, default=(32, 128, 512, 2048), help="tokens per prefill")
     p.add_argument("--prefill-requests", type=_ints, default=(1, 4), help="requests per prefill batch")
     p.add_argument("--repeats", type=int, default=3, help="timed runs per point (the median is kept)")
+    p.add_argument("--serving-log", metavar="LOG", default=None,
+                   help="a log of kvadmit serve on this machine, run with --decode-log-interval 1: each "
+                   "decode step there minus the executor's time for it is the serving stack's overhead "
+                   "(HTTP, streaming, the client on the same cores), fitted as a + b × running requests "
+                   "and added to every step")  # fmt: skip
     p.set_defaults(func=run_profile)
 
 
@@ -56,6 +61,19 @@ def run_profile(ns: argparse.Namespace) -> int:
         raise UsageError(f"--repeats must be positive, got {ns.repeats}")
     if ns.model_path is not None and not Path(ns.model_path).exists():
         raise UsageError(f"--model-path {ns.model_path!r} does not exist")
+    serving_lines: list[str] | None = None
+    if ns.serving_log is not None:
+        try:
+            serving_lines = Path(ns.serving_log).read_text(encoding="utf-8", errors="replace").splitlines()
+        except OSError as e:
+            raise UsageError(f"--serving-log: cannot read {ns.serving_log!r}: {e.strerror}") from None
+        from kvadmit.executor.costmodel import CostModel
+        from kvadmit.executor.serving_overhead import ServingOverheadError, measure_overhead
+
+        try:  # before the minutes of measuring: a log that cannot give the overhead is refused now
+            measure_overhead(serving_lines, CostModel())
+        except ServingOverheadError as e:
+            raise UsageError(f"--serving-log {ns.serving_log}: {e}") from None
     try:
         folder = resolve_model_path(ns.model_path)
         device = default_device() if ns.device == "auto" else ns.device
@@ -81,6 +99,19 @@ def run_profile(ns: argparse.Namespace) -> int:
         progress=show,
     )
     cost = with_metadata(profile, folder.name, str(dtype).removeprefix("torch."))
+    if serving_lines is not None:
+        from kvadmit.executor.serving_overhead import ServingOverheadError, add_overhead, measure_overhead
+
+        try:
+            overhead = measure_overhead(serving_lines, cost)
+        except ServingOverheadError as e:
+            raise UsageError(f"--serving-log {ns.serving_log}: {e}") from None
+        cost = add_overhead(cost, overhead, Path(ns.serving_log).name)
+        print(
+            f"serving stack: {overhead.base_ms:.2f} + {overhead.per_request_ms:.3f} × running requests ms "
+            f"per step beyond the executor ({overhead.steps} decode steps of {ns.serving_log}, "
+            f"{overhead.batch_sizes[0]}–{overhead.batch_sizes[1]} running), added to every step"
+        )
     fit = cost.meta["fit"]
     print("\n".join(describe(cost, context=(max(ns.context_lens),))))
     print(

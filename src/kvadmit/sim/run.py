@@ -210,13 +210,17 @@ def _run_by_step(
         while pending:
             i = pending[0]
             due = steps_of[i] - base <= steps
-            empty = engine.scheduler.is_fully_idle()
-            if not due and not (idle_pass and empty):
+            if not due and not (idle_pass and engine.scheduler.is_fully_idle()):
                 break
             pending.popleft()
-            if after_idle[i] and not idle_pass and empty:
-                idle_pass = not engine.step()  # the server's idle pass: runs nothing, resets the ratio
-            if idle_pass and empty:
+            if after_idle[i] and not idle_pass:
+                # The server's pass that found nothing to run before this request came: it drops the
+                # requests that finished in the last step and, the engine then idle, resets the ratio.
+                if engine.step():
+                    steps += 1  # the replay had work there: its decisions have already differed
+                else:
+                    idle_pass = True
+            if idle_pass and engine.scheduler.is_fully_idle():
                 clock.advance_to(replay.arrivals[i] - first)  # the engine waited for it
             spec = replay.requests[i]
             client.send_now(spec, outcomes[spec.index], f"req-{spec.index}", clock.now())

@@ -1,0 +1,81 @@
+"""The serving stack's overhead per step, read from a server log (executor/serving_overhead.py). The
+logs here are written with the server's own line formats; the expected fit is worked out by hand."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvadmit.executor.costmodel import CostModel, DecodeCost, DecodeTable, PrefillCost
+from kvadmit.executor.serving_overhead import ServingOverheadError, add_overhead, measure_overhead
+from kvadmit.observe.loglines import DECODE, PREFILL
+
+COST = CostModel(DecodeCost(base_ms=100.0), PrefillCost(tokens_per_s=1000.0))
+
+
+def decode(running: int, step_ms: float, tokens: int = 500) -> str:
+    return "[2026-12-01 00:00:00] " + DECODE.render(
+        running_req=running, num_used_tokens=tokens, token_usage=0.1, graph_label="cpu graph", graph=False,
+        gen_throughput=running / (step_ms / 1000), queue_req=0,
+    )  # fmt: skip
+
+
+def prefill() -> str:
+    return "[2026-12-01 00:00:00] " + PREFILL.render(
+        new_seq=1, new_token=10, cached_token=0, token_usage=0.1, running_req=2, queue_req=0, pending_token=0,
+        graph_label="cpu graph", graph=False, input_throughput=100.0,
+    )  # fmt: skip
+
+
+def test_each_logged_step_minus_the_executor_time_fits_a_plus_b_per_request() -> None:
+    # A step of B requests takes 100 ms in the executor and 100 + 2 + 0.5 × B ms on the server.
+    lines = [decode(4, 999.0)]  # no decode line before it: its window is not one step, left out
+    for b in (4, 8, 12, 16):
+        lines += [decode(b, 102 + 0.5 * b), decode(b, 102 + 0.5 * b)]
+    lines += [prefill(), decode(6, 5000.0)]  # covers the prefill too: left out
+    lines += ['INFO:     127.0.0.1:1 - "POST /generate HTTP/1.1" 200 OK', decode(6, 105.0)]
+    oh = measure_overhead(lines, COST)
+    assert oh.steps == 9  # the 8 lines of the pairs, and the last (an access line between is no step)
+    # (gen throughput is logged with two decimals: the step times come back to within ~0.01 ms)
+    assert oh.base_ms == pytest.approx(2.0, abs=0.05) and oh.per_request_ms == pytest.approx(0.5, abs=0.005)
+    assert oh.batch_sizes == (4, 16)
+    assert oh.ms(10) == pytest.approx(7.0, abs=0.05)
+
+
+def test_the_overhead_goes_into_every_step_of_the_cost_model() -> None:
+    table = DecodeTable((1, 4), (100,), ((10.0,), (20.0,)))
+    cost = CostModel(DecodeCost(base_ms=9.0, per_request_ms=1.0, table=table),
+                     PrefillCost(base_ms=1.0, tokens_per_s=1000.0, per_request_ms=0.5))  # fmt: skip
+    lines = [decode(1, 13.0, 100)] * 4 + [decode(4, 24.5, 400)] * 4  # gen throughputs 76.92 and 163.27
+    oh = measure_overhead(lines, cost)  # residuals: 3 ms at 1 request, 4.5 at 4 → 2.5 + 0.5 × B
+    assert oh.base_ms == pytest.approx(2.5, abs=0.01) and oh.per_request_ms == pytest.approx(0.5, abs=0.005)
+    out = add_overhead(cost, oh, "serve.log")
+    assert out.decode.table is not None
+    assert out.decode.table.ms[0][0] == pytest.approx(13.0, abs=0.01)
+    assert out.decode.table.ms[1][0] == pytest.approx(24.5, abs=0.01)
+    assert out.decode.base_ms == pytest.approx(11.5, abs=0.01)
+    assert out.decode.per_request_ms == pytest.approx(1.5, abs=0.005)
+    assert out.prefill.base_ms == pytest.approx(3.5, abs=0.01)
+    assert out.prefill.per_request_ms == pytest.approx(1.0, abs=0.005)
+    assert "from 7 decode steps (1–4 running) of serve.log" in out.meta["notes"][-1]
+
+
+def test_one_batch_size_gives_a_constant() -> None:
+    oh = measure_overhead([decode(3, 104.0)] * 6, COST)
+    assert oh.base_ms == pytest.approx(4.0, abs=0.05) and oh.per_request_ms == 0.0
+
+
+def test_a_log_without_consecutive_decode_lines_is_refused_with_the_fix() -> None:
+    with pytest.raises(ServingOverheadError, match="--decode-log-interval 1"):
+        measure_overhead([decode(2, 50.0), prefill(), decode(2, 50.0)], COST)
+
+
+def test_the_cli_refuses_an_unreadable_serving_log_before_measuring(tmp_path: Path) -> None:
+    run = subprocess.run(
+        [sys.executable, "-m", "kvadmit", "profile", "--serving-log", str(tmp_path / "none.log")],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert run.returncode == 2 and "cannot read" in run.stderr and "Traceback" not in run.stderr
