@@ -57,6 +57,10 @@ PROFILE = ["--batch-sizes", ",".join(map(str, range(1, 25))), "--context-lens", 
 # Every step prints its line (prefill or decode), so the logs compare step for step.
 LOG_EVERY_STEP = ["--decode-log-interval", "1"]
 BENCH_COMMON = ["--backend", "sglang", "--dataset-name", "random-ids", "--tokenize-prompt", "--disable-tqdm"]
+# No warm-up request in the measured runs (the settling run before them warms the server), so both logs
+# begin with the measured requests; a warm-up would also differ (its length follows --extra-request-body
+# on the server, bench_serving's 32 tokens in the simulation).
+NO_WARMUP = ["--warmup-requests", "0"]
 # The simulated server sees a request this long after the client sent it (HTTP, parsing, the engine's
 # queue; assumed, not measured). What matters for the decisions is only that it is above 0: a request
 # sent as a step ends then waits for the next step, as on the real server, where the engine loop starts
@@ -146,7 +150,7 @@ def real_run(w: Workload, out: Path) -> tuple[Path, list[str]]:
         (out / f"{slug(w.name)}.settled").write_text(str(settled), encoding="utf-8")
         details = out / f"{slug(w.name)}.bench.jsonl"
         details.unlink(missing_ok=True)
-        summary = run([*bench, *w.bench, "--output-file", str(details), "--output-details"],
+        summary = run([*bench, *w.bench, *NO_WARMUP, "--output-file", str(details), "--output-details"],
                       out / "bench.stderr")  # fmt: skip
         (out / f"{slug(w.name)}.bench.txt").write_text(summary, encoding="utf-8")
     finally:
@@ -189,7 +193,7 @@ def simulated_run(w: Workload, details: Path, cost: Path, out: Path, tag: str) -
     log = out / f"{slug(w.name)}.sim-{tag}.log"
     cmd = [*KVADMIT, "simulate", "--replay", str(details), "--cost-model", str(cost),
            "--context-length", "8192", "--request-latency-ms", REQUEST_LATENCY_MS,
-           "--log-file", str(log), *LOG_EVERY_STEP, *w.server]  # fmt: skip
+           "--log-file", str(log), *NO_WARMUP, *LOG_EVERY_STEP, *w.server]  # fmt: skip
     stdout = run(cmd, out / "sim.stderr")
     return summary_numbers(stdout), log.read_text(encoding="utf-8").splitlines()
 
