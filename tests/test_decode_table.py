@@ -35,7 +35,8 @@ def test_between_points_the_reading_is_linear_in_batch_and_context() -> None:
 
 def test_outside_the_grid_the_nearest_segment_goes_on() -> None:
     assert ms(1, 500) == 18.0  # 10 + (14 − 10) / 200 × 400
-    assert ms(1, 50) == 9.0  # below the first context length, the first segment's line: 10 − 0.02 × 50
+    assert ms(1, 50) == 10.0  # below the first context length, its column: never cheaper than measured
+    assert ms(3, 0) == 22.0
     assert ms(8, 100) == 32.0  # past 4 requests the 2→4 line: 24 + (24 − 20) / 2 × 4
     assert ms(8, 300) == 48.0  # 32 + (32 − 24) / 2 × 4
 

@@ -6,10 +6,12 @@ every scheduling decision the server made, step for step (the log lines of both,
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -21,38 +23,60 @@ from server_helpers import running_server, wait_idle, write_cost_model
 FLAGS = ["--max-total-tokens", "600", "--decode-log-interval", "1"]
 
 
-def serve_and_trace(tmp_path: Path, n: int, spread_s: float) -> tuple[list[str], Path]:
+def serve_and_trace(
+    tmp_path: Path,
+    n: int,
+    spread_s: float,
+    flags: list[str] = FLAGS,
+    prompt: Callable[[int], str] = lambda i: f"{i:04d}" * 10,
+    waves: int = 1,
+    abort_every: int = 0,
+) -> tuple[list[str], Path]:
+    """Requests to `serve --simulate` (1 ms decode steps) at random moments within `spread_s`, in `waves`
+    separated by an idle engine; with `abort_every` k, every k-th client gives up after 20 ms."""
     cost = write_cost_model(tmp_path / "cost.json", decode_ms=1.0)
     trace = tmp_path / "trace.jsonl"
-    argv = ["--simulate", cost, *FLAGS, "--trace-requests", str(trace)]
+    argv = ["--simulate", cost, *flags, "--trace-requests", str(trace)]
     with running_server(argv) as srv:
 
         async def one(i: int, client: httpx.AsyncClient) -> None:
             await asyncio.sleep(random.Random(100 + i).uniform(0, spread_s))  # arrivals during steps
-            # 40-byte prompt; asks for 400 tokens, stops where the simulator's draw says: retractions
-            body = {"prompt": f"{i:04d}" * 10, "max_tokens": 400, "seed": i}
+            # asks for 400 tokens, stops where the simulator's draw says: with a small pool, retractions
+            body = {"prompt": prompt(i), "max_tokens": 400, "seed": i}
+            if abort_every and i % abort_every == abort_every - 1:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(client.post("/v1/completions", json=body), 0.02)
+                return
             r = await client.post("/v1/completions", json=body)
             assert r.status_code == 200, r.text
 
-        async def run() -> None:
+        async def run(first: int, last: int) -> None:
             async with httpx.AsyncClient(base_url=srv.url, timeout=300) as client:
-                await asyncio.gather(*(one(i, client) for i in range(n)))
+                await asyncio.gather(*(one(i, client) for i in range(first, last)))
 
-        asyncio.run(run())
-        wait_idle(srv)
+        per_wave = n // waves
+        for w in range(waves):
+            asyncio.run(run(w * per_wave, n if w == waves - 1 else (w + 1) * per_wave))
+            wait_idle(srv)
         lines = list(srv.log_lines)
     return lines, trace
 
 
-def replay_by_step(trace: Path, tmp_path: Path, cost: str) -> list[str]:
-    log = tmp_path / "sim.log"
-    run = subprocess.run(
+def simulate_by_step(
+    trace: Path, tmp_path: Path, flags: list[str] = FLAGS
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
         [sys.executable, "-m", "kvadmit", "simulate", "--replay", str(trace), "--replay-arrival", "step",
-         "--cost-model", cost, "--context-length", "8192", "--log-file", str(log), *FLAGS],
+         "--cost-model", str(tmp_path / "cost.json"), "--context-length", "8192",
+         "--log-file", str(tmp_path / "sim.log"), *flags],
         capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
+
+
+def replay_by_step(trace: Path, tmp_path: Path, flags: list[str] = FLAGS) -> list[str]:
+    run = simulate_by_step(trace, tmp_path, flags)
     assert run.returncode == 0, run.stderr
-    return log.read_text(encoding="utf-8").splitlines()
+    return (tmp_path / "sim.log").read_text(encoding="utf-8").splitlines()
 
 
 def test_a_server_trace_replayed_by_step_makes_the_same_decisions(tmp_path: Path) -> None:
@@ -63,10 +87,39 @@ def test_a_server_trace_replayed_by_step_makes_the_same_decisions(tmp_path: Path
     assert len({r["arrival_step"] for r in rows}) > 5  # arrivals spread over many steps
     real = decisions(real_lines)
     assert any(kind == "retract" for kind, _ in real), "the workload must retract"
-    sim = decisions(replay_by_step(trace, tmp_path, str(tmp_path / "cost.json")))
+    sim = decisions(replay_by_step(trace, tmp_path))
     result = compare(real, sim)
     assert result.identical, result.describe()
     assert sum(r["retractions"] for r in rows) == sum(v[0] for k, v in real if k == "retract")
+
+
+def test_pages_chunks_shared_prefixes_and_idle_passes_replay_step_for_step(tmp_path: Path) -> None:
+    """Page size 4, prefills cut into 48-token chunks, prompts that share a 70-byte prefix (cache hits),
+    and two waves with the engine idle between them (an idle pass resets the new-token ratio)."""
+    flags = ["--max-total-tokens", "700", "--decode-log-interval", "1", "--page-size", "4",
+             "--chunked-prefill-size", "48"]  # fmt: skip
+    real_lines, trace = serve_and_trace(
+        tmp_path, n=50, spread_s=0.4, flags=flags, prompt=lambda i: "shared-prefix-" * 5 + f"{i:04d}" * 5,
+        waves=2,
+    )  # fmt: skip
+    rows = [json.loads(x) for x in trace.read_text().splitlines()]
+    assert any(r["after_idle"] and r["arrival_step"] > 0 for r in rows), "no request came after an idle pass"
+    steps = [r["arrival_step"] for r in rows]
+    assert len(set(steps)) < len(steps), "no two requests came after the same step"
+    assert sum(r["cached_tokens"] for r in rows) > 0
+    real = decisions(real_lines)
+    assert any(kind == "retract" for kind, _ in real)
+    result = compare(real, decisions(replay_by_step(trace, tmp_path, flags)))
+    assert result.identical, result.describe()
+
+
+def test_a_trace_with_aborted_requests_is_refused_step_for_step_with_the_reason(tmp_path: Path) -> None:
+    _, trace = serve_and_trace(tmp_path, n=20, spread_s=0.2, abort_every=5)
+    rows = [json.loads(x) for x in trace.read_text().splitlines()]
+    assert any(r["finish"] == "abort" for r in rows)
+    run = simulate_by_step(trace, tmp_path)
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    assert "was aborted" in run.stderr and "replay it by time instead" in run.stderr
 
 
 def test_replay_by_time_of_the_same_trace_is_allowed_and_by_step_needs_steps(tmp_path: Path) -> None:
@@ -78,7 +131,7 @@ def test_replay_by_time_of_the_same_trace_is_allowed_and_by_step_needs_steps(tmp
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert run.returncode == 2
-    assert "needs arrival_step on every line" in run.stderr and "Traceback" not in run.stderr
+    assert "t.jsonl:1: no arrival_step" in run.stderr and "Traceback" not in run.stderr
 
 
 @pytest.mark.parametrize(
@@ -87,6 +140,7 @@ def test_replay_by_time_of_the_same_trace_is_allowed_and_by_step_needs_steps(tmp
         ({"input_ids": [1, 2]}, "input_ids has 2 tokens but prompt_len is 8"),
         ({"input_ids": [1, -2, 3, 4, 5, 6, 7, 8]}, "input_ids must be a list of token ids"),
         ({"arrival_step": -1}, "arrival_step must be ≥ 0"),
+        ({"after_idle": "false"}, "after_idle must be true or false, got 'false'"),
     ],
 )
 def test_bad_trace_fields_name_the_line_and_field(row: dict, message: str) -> None:

@@ -274,11 +274,16 @@ def simulate_config(ns: argparse.Namespace) -> SimConfig:
     by_step = getattr(ns, "replay_arrival", "time") == "step"
     if by_step and replay is None:
         raise UsageError("--replay-arrival step needs --replay TRACE.jsonl")
-    if by_step and replay is not None and replay.arrival_steps is None:
+    if by_step and replay is not None and replay.step_problems:
+        more = len(replay.step_problems) - 1
         raise UsageError(
-            f"--replay-arrival step needs arrival_step on every line of {ns.replay!r} (kvadmit serve "
-            "--trace-requests FILE writes it); replay it by time instead"
+            f"--replay-arrival step cannot replay {ns.replay!r} step for step: {replay.step_problems[0]}"
+            + (f" (and {more} more)" if more else "")
+            + "; replay it by time instead"
         )
+    if by_step and (ns.max_concurrency is not None or ns.request_latency_ms):
+        raise UsageError("--replay-arrival step hands each request over after the step it followed on the "
+                         "server: --max-concurrency and --request-latency-ms do not apply")  # fmt: skip
     return SimConfig(
         args=args,
         workload=workload,

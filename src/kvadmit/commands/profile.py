@@ -50,6 +50,8 @@ def profile_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[typ
 def run_profile(ns: argparse.Namespace) -> int:
     from pathlib import Path
 
+    import torch
+
     from kvadmit.commands.costs import describe
     from kvadmit.executor.profile import Measurement, profile_model, with_metadata
     from kvadmit.model.default import DefaultModelError
@@ -77,6 +79,9 @@ def run_profile(ns: argparse.Namespace) -> int:
     try:
         folder = resolve_model_path(ns.model_path)
         device = default_device() if ns.device == "auto" else ns.device
+        if device != "cpu" and not (device.startswith("cuda") and torch.cuda.is_available()):
+            raise UsageError(f"--device {ns.device!r}: choose auto, cpu or cuda[:N] (cuda needs a GPU that "
+                             "torch sees)")  # fmt: skip
         dtype = resolve_dtype(ns.dtype, device)
         model = load_hf_folder(folder, dtype, device)
     except (ModelLoadError, DefaultModelError) as e:

@@ -66,8 +66,9 @@ def _segment(points: tuple[int, ...], x: float) -> tuple[int, int]:
 class DecodeTable:
     """Measured decode step times: ms[i][j] for batch_sizes[i] requests each holding context_lens[j] KV
     tokens. A batch of B requests holding K tokens in all is read at (B, K / B): linear between the grid
-    points in both directions; below the smallest batch size its row; above the largest, the last two
-    rows' line; along the context, the nearest segment's line. Slopes beyond the grid never fall."""
+    points in both directions; below the smallest batch size its row, below the smallest context its
+    column; above the largest of either, the last segment's line, its slope floored at 0 (beyond the
+    grid a step never gets cheaper)."""
 
     batch_sizes: tuple[int, ...]
     context_lens: tuple[int, ...]
@@ -75,6 +76,8 @@ class DecodeTable:
 
     def row_ms(self, i: int, context: float) -> float:
         row, lens = self.ms[i], self.context_lens
+        if context <= lens[0]:
+            return row[0]  # no cheaper than measured: a line drawn below the grid would fall towards 0
         j0, j1 = _segment(lens, context)
         return _between(context, lens[j0], lens[j1], row[j0], row[j1])
 

@@ -4,7 +4,9 @@ the executor alone takes for the same batch (HTTP and streaming threads, the cli
 The server must log every step (`kvadmit serve --decode-log-interval 1`): a Decode batch line that
 follows another one then covers exactly one decode step, and its gen throughput is #running-req over
 that step's seconds. For each such line, the residual is the step's time there minus the cost model's
-time for the same batch (#running-req requests holding #token tokens). The fit
+time for the same batch (#running-req requests holding #token tokens: the pool's used tokens, which
+count a shared prefix once where attention reads it per request, so with shared prefixes the executor's
+part is underestimated and the overhead overestimated; the probe should use distinct prompts). The fit
 
     overhead ms = a + b × running requests
 

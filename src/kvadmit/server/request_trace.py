@@ -17,15 +17,27 @@ The file is written line by line (a run cut short keeps every request that ended
 from __future__ import annotations
 
 import json
+import logging
 from typing import IO, Any
+
+log = logging.getLogger("kvadmit.server")
 
 
 class RequestTrace:
     def __init__(self, path: str) -> None:
-        self._file: IO[str] = open(path, "w", encoding="utf-8", buffering=1)  # noqa: SIM115 (kept open)
+        self.path = path
+        self._file: IO[str] | None = open(path, "w", encoding="utf-8", buffering=1)  # noqa: SIM115 (kept open)
 
     def write(self, row: dict[str, Any]) -> None:
-        self._file.write(json.dumps(row, separators=(",", ":")) + "\n")
+        """One line; a write that fails (a full disk) stops the trace, never the engine loop."""
+        if self._file is None:
+            return
+        try:
+            self._file.write(json.dumps(row, separators=(",", ":")) + "\n")
+        except OSError as e:
+            log.error("--trace-requests: writing %s failed (%s); the trace stops here", self.path, e.strerror)
+            self._file = None
 
     def close(self) -> None:
-        self._file.close()
+        if self._file is not None:
+            self._file.close()

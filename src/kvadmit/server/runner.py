@@ -135,7 +135,7 @@ class EngineRunner:
     ) -> None:
         self.backend = backend
         self.trace = trace
-        self.started = time.time()
+        self.started = time.monotonic()  # --trace-requests' arrival times: never out of receipt order
         self.args = args
         self.metrics = metrics
         self.watchdog_timeout = watchdog_timeout
@@ -322,7 +322,7 @@ class EngineRunner:
             self._outbox.put(job.stream, Finished("abort", None, message, 503, len(job.input_ids), 0, 0))
             return
         req = Req(rid=job.rid, origin_input_ids=job.input_ids, sampling=job.limits, params=job.params)
-        live = _Live(job, req, seq=self.submitted - 1, arrival=time.time() - self.started,
+        live = _Live(job, req, seq=self.submitted - 1, arrival=time.monotonic() - self.started,
                      arrival_step=self.steps, after_idle=self._idle)  # fmt: skip
         if job.stop:
             from kvadmit.model.detokenize import IncrementalDetokenizer
@@ -403,9 +403,9 @@ class EngineRunner:
         self.backend.forget(rid)
         if self.metrics is not None:
             self.metrics.forget(rid)
+        self._outbox.put(live.job.stream, finished)
         if self.trace is not None:
             self._trace(live, finished)
-        self._outbox.put(live.job.stream, finished)
 
     def _trace(self, live: _Live, finished: Finished) -> None:
         assert self.trace is not None

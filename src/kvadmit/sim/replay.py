@@ -14,6 +14,7 @@ One JSON object per line. Fields (the per-request file `kvadmit simulate --trace
     seq              the order the server received requests in (breaks ties of arrival)
     arrival_step     the engine steps run before the server received it (needed by step replay)
     after_idle       whether an idle pass came between those steps and it (step replay; default false)
+    finish           stop, length or abort: how it ended on the server (step replay refuses aborts)
 
 `kvadmit serve --trace-requests FILE` writes all of these. A request without ignore_eos stops at
 true_output_len (or output_len, or max_new_tokens when neither is known); with ignore_eos it runs to
@@ -60,6 +61,8 @@ class Replay:
     max_concurrency: int | None = None  # the bench run's limit, when its file gives arrival times
     arrival_steps: tuple[int, ...] | None = None  # per request, when every line gives arrival_step
     after_idle: tuple[bool, ...] | None = None
+    # Why this trace cannot be replayed step for step (empty: it can), each naming its line.
+    step_problems: tuple[str, ...] = ()
 
 
 def _int(row: dict[str, object], key: str, where: str, minimum: int) -> int:
@@ -152,20 +155,34 @@ def parse_replay(lines: list[str], vocab_size: int = 32000, seed: int = 0, name:
     """The requests in order of arrival (seq, then file order, on ties)."""
     rows: list[tuple[float, int, int, int | None, bool, str, tuple[int, ...] | None, int | None, bool, int]]
     rows = []
+    problems: list[str] = []
+    first_without_step: str | None = None
     found, limit = _json_rows(lines, name)
     for no, where, row in found:
         arrival = row.get("arrival")
         if isinstance(arrival, bool) or not isinstance(arrival, int | float) or not arrival >= 0:
             raise ReplayError(f"{where}: arrival must be a number of seconds ≥ 0, got {arrival!r}")
         prompt_len = _int(row, "prompt_len", where, 1)
-        max_new = _int(row, "max_new_tokens", where, 1)
-        ignore_eos = bool(row.get("ignore_eos", False))
+        finish = row.get("finish")
+        if finish == "abort":
+            rid_text = row.get("rid", "no rid")
+            problems.append(f"{where}: the request was aborted ({rid_text}), and the trace does not say at "
+                            "which step")  # fmt: skip
+            if row.get("max_new_tokens") is None:  # rejected before its budget was set
+                row = {**row, "max_new_tokens": 1}
+        max_new = _int(row, "max_new_tokens", where, 0)  # 0: a prefill-only request (native /generate)
+        ignore_eos = _bool(row, "ignore_eos", where)
         true_len = None if ignore_eos else _stop(row, where, max_new)
+        if ignore_eos and finish == "stop":
+            problems.append(f"{where}: an ignore_eos request that a stop string ended (the replay cannot end "
+                            "it there)")  # fmt: skip
         rid = str(row.get("rid", f"line-{no}"))
         tokens = _tokens(row, where, prompt_len)
         step = _int(row, "arrival_step", where, 0) if row.get("arrival_step") is not None else None
+        if step is None and first_without_step is None:
+            first_without_step = where
         seq = _int(row, "seq", where, 0) if row.get("seq") is not None else no
-        idle = bool(row.get("after_idle", False))
+        idle = _bool(row, "after_idle", where)
         rows.append((float(arrival), prompt_len, max_new, true_len, ignore_eos, rid, tokens, step, idle, seq))
     if not rows:
         raise ReplayError(f"{name}: no requests")
@@ -176,6 +193,12 @@ def parse_replay(lines: list[str], vocab_size: int = 32000, seed: int = 0, name:
     )
     steps = [r[7] for r in rows]
     has_steps = all(s is not None for s in steps)
+    if first_without_step is not None:
+        missing = f"{first_without_step}: no arrival_step (kvadmit serve --trace-requests writes one)"
+        problems.insert(0, missing)
+    seqs = [r[9] for r in rows]
+    if has_steps and len(set(seqs)) != len(seqs):
+        problems.append(f"{name}: seq repeats (two requests with the same receipt number)")
     return Replay(
         requests,
         tuple(r[0] for r in rows),
@@ -183,7 +206,15 @@ def parse_replay(lines: list[str], vocab_size: int = 32000, seed: int = 0, name:
         limit,
         tuple(s for s in steps if s is not None) if has_steps else None,
         tuple(r[8] for r in rows) if has_steps else None,
+        tuple(problems),
     )
+
+
+def _bool(row: dict[str, object], key: str, where: str) -> bool:
+    value = row.get(key, False)
+    if not isinstance(value, bool):
+        raise ReplayError(f"{where}: {key} must be true or false, got {value!r}")
+    return value
 
 
 def _tokens(row: dict[str, object], where: str, prompt_len: int) -> tuple[int, ...] | None:
