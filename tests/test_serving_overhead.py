@@ -79,3 +79,20 @@ def test_the_cli_refuses_an_unreadable_serving_log_before_measuring(tmp_path: Pa
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert run.returncode == 2 and "cannot read" in run.stderr and "Traceback" not in run.stderr
+
+
+def test_the_fit_is_of_medians_per_batch_size_and_never_negative() -> None:
+    # 4 requests: residuals 3, 3, 3 and one step 900 ms slow (the machine's other work): the median is 3.
+    lines = [decode(4, 103.0)] * 4 + [decode(4, 1000.0), decode(4, 103.0)]
+    lines += [decode(8, 105.0)] * 5  # 8 requests: 5
+    oh = measure_overhead(lines, COST)
+    assert oh.base_ms == pytest.approx(1.0, abs=0.05) and oh.per_request_ms == pytest.approx(0.5, abs=0.01)
+    # Residuals 1 ms at 10 requests (5 steps: the first line has no decode line before it), 11 ms at 20
+    # (6 steps): the line's intercept (−9) is below 0, so the fit goes through the origin instead:
+    # b = Σ w·B·m / Σ w·B² = (5·10·1 + 6·20·11) / (5·100 + 6·400) = 1370 / 2900 = 0.4724.
+    lines = [decode(10, 101.0)] * 6 + [decode(20, 111.0)] * 6
+    oh = measure_overhead(lines, COST)
+    assert oh.base_ms == 0.0 and oh.per_request_ms == pytest.approx(1370 / 2900, abs=0.002)
+    # A server faster than the profile (negative residuals) adds nothing.
+    oh = measure_overhead([decode(3, 90.0)] * 6, COST)
+    assert oh.base_ms == 0.0 and oh.ms(3) == 0.0

@@ -10,9 +10,11 @@ part is underestimated and the overhead overestimated; the probe should use dist
 
     overhead ms = a + b × running requests
 
-(least squares; a constant when the log has fewer than two batch sizes) is what `add_overhead` adds to
-every decode step, and to every prefill step as a + b × its requests (a prefill streams one token for
-each of them).
+is fitted to the median residual of each batch size, weighted by its number of steps (a step the
+machine's other work slowed moves a median little, and a handful of steps at one size no more than
+their weight), with a ≥ 0 and b ≥ 0 (the stack never makes a step faster: a negative intercept is
+refitted through 0); a constant when the log has one batch size. `add_overhead` adds it to every decode
+step, and to every prefill step as a + b × its requests (a prefill streams one token for each).
 """
 
 from __future__ import annotations
@@ -67,12 +69,28 @@ def measure_overhead(lines: Iterable[str], cost: CostModel) -> ServingOverhead:
             f"only {len(residual)} decode steps logged right after another decode step (at least "
             f"{MIN_STEPS} needed): run the server with --decode-log-interval 1 and enough requests"
         )
+    a, b = _robust_line(batch, residual)
     x, y = np.asarray(batch), np.asarray(residual)
-    if len(set(batch)) >= 2:
-        b, a = np.polyfit(x, y, 1)
+    return ServingOverhead(a, b, len(y), (int(x.min()), int(x.max())), float(y.mean()))
+
+
+def _robust_line(batch: list[float], residual: list[float]) -> tuple[float, float]:
+    """(a, b) ≥ 0 of a + b × batch, fitted to each batch size's median residual, weighted by its count."""
+    groups: dict[float, list[float]] = {}
+    for x, r in zip(batch, residual, strict=True):
+        groups.setdefault(x, []).append(r)
+    xs = np.array(sorted(groups))
+    ms = np.array([float(np.median(groups[x])) for x in xs])
+    ws = np.array([len(groups[x]) for x in xs], dtype=float)
+    if len(xs) >= 2:
+        b, a = np.polyfit(xs, ms, 1, w=np.sqrt(ws))  # polyfit squares the weights
+        if a < 0:  # through the origin instead
+            a, b = 0.0, float(np.sum(ws * xs * ms) / np.sum(ws * xs * xs))
+        if b < 0:
+            a, b = float(np.average(ms, weights=ws)), 0.0
     else:
-        a, b = float(y.mean()), 0.0
-    return ServingOverhead(float(a), float(b), len(y), (int(x.min()), int(x.max())), float(y.mean()))
+        a, b = float(ms[0]), 0.0
+    return max(float(a), 0.0), max(float(b), 0.0)
 
 
 def add_overhead(cost: CostModel, oh: ServingOverhead, source: str) -> CostModel:
