@@ -19,12 +19,15 @@
      every decision line of both logs compared field by field — the scheduler's fidelity, apart from
      the clock.
 3. Compared per workload: decisions (Prefill batch, Decode batch and retraction lines without times and
-   throughputs), median TTFT, mean TPOT and output throughput (% error), and retractions.
+   throughputs), median TTFT, mean TPOT and output throughput (% error), and retractions. Each workload
+   runs twice on the real server (rounds A B C, A B C, so the machine's drift falls on both): the times
+   are compared with the mean of the two, and run 2 against run 1 shows how far the real engine itself
+   moves between runs of the same requests.
 
 Before each measured run the server gets a few settling requests (a fresh process runs its first steps
 many times slower) and its cache is flushed; the logs and traces are compared from the measured run on.
 
-Run: python benchmarks/sim_fidelity.py [--out DIR]   (about 6 minutes on 2 shared cores)
+Run: python benchmarks/sim_fidelity.py [--out DIR]   (about 9 minutes on 2 shared cores)
      python benchmarks/sim_fidelity.py --kept DIR       (simulate again against DIR's real runs)
 """
 
@@ -37,11 +40,12 @@ import re
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -61,11 +65,22 @@ BENCH_COMMON = ["--backend", "sglang", "--dataset-name", "random-ids", "--tokeni
 # begin with the measured requests; a warm-up would also differ (its length follows --extra-request-body
 # on the server, bench_serving's 32 tokens in the simulation).
 NO_WARMUP = ["--warmup-requests", "0"]
-# The simulated server sees a request this long after the client sent it (HTTP, parsing, the engine's
-# queue; assumed, not measured). What matters for the decisions is only that it is above 0: a request
-# sent as a step ends then waits for the next step, as on the real server, where the engine loop starts
-# the next decode step before the client's next request has arrived.
-REQUEST_LATENCY_MS = "5"
+# The simulated server sees a request this long after the client sent it: the probe's median queued_ms
+# (its trace: from the HTTP request reaching the server to the engine receiving it, which grows with the
+# streams the HTTP thread serves), or this when the probe's trace is not there (an older kept run).
+REQUEST_LATENCY_MS = 5.0
+
+
+def request_latency_ms(out: Path) -> tuple[float, str]:
+    trace = out / "probe.trace.jsonl"
+    if not trace.is_file():
+        return REQUEST_LATENCY_MS, "assumed"
+    settled = int((out / "probe.settled").read_text(encoding="utf-8"))
+    rows = [json.loads(x) for x in trace.read_text(encoding="utf-8").splitlines() if x]
+    queued = [r["queued_ms"] for r in rows if r["seq"] >= settled and "queued_ms" in r]
+    if not queued:
+        return REQUEST_LATENCY_MS, "assumed"
+    return round(statistics.median(queued), 1), f"the probe's median queued_ms over {len(queued)} requests"
 SETTLE = ["--num-prompts", "6", "--random-input-len", "96", "--random-output-len", "24",
           "--max-concurrency", "3", "--warmup-requests", "0", "--seed", "7"]  # fmt: skip
 
@@ -189,10 +204,12 @@ def step_replay(w: Workload, trace: Path, cost: Path, out: Path) -> list[str]:
     return log.read_text(encoding="utf-8").splitlines()
 
 
-def simulated_run(w: Workload, details: Path, cost: Path, out: Path, tag: str) -> tuple[dict, list[str]]:
+def simulated_run(
+    w: Workload, details: Path, cost: Path, out: Path, tag: str, latency_ms: float
+) -> tuple[dict, list[str]]:
     log = out / f"{slug(w.name)}.sim-{tag}.log"
     cmd = [*KVADMIT, "simulate", "--replay", str(details), "--cost-model", str(cost),
-           "--context-length", "8192", "--request-latency-ms", REQUEST_LATENCY_MS,
+           "--context-length", "8192", "--request-latency-ms", str(latency_ms),
            "--log-file", str(log), *NO_WARMUP, *LOG_EVERY_STEP, *w.server]  # fmt: skip
     stdout = run(cmd, out / "sim.stderr")
     return summary_numbers(stdout), log.read_text(encoding="utf-8").splitlines()
@@ -264,30 +281,55 @@ def main() -> None:
         profile_text = run(profile, out / "profile.stderr")
         fit_line = next((x for x in profile_text.splitlines() if x.startswith("fit error")), "")
         fit_line += "; " + next((x for x in profile_text.splitlines() if x.startswith("serving stack")), "")
+    latency_ms, latency_source = request_latency_ms(out)
     model = json.loads(cost.read_text(encoding="utf-8"))
     dtype = next((n.split("dtype ")[-1] for n in model["notes"] if "dtype" in n), "?")
     loop_ms = model["fit"].get("loop_overhead_ms", 0.0)
     loads.append(load())
 
+    # Each workload runs twice on the real server, the two rounds in turn (A B C A B C), so the machine's
+    # drift falls on both: the simulation is compared with their mean, and run 2 with run 1 shows how
+    # far the real engine moves from one run to the next.
+    runs: dict[tuple[str, int], tuple[Path, list[str]]] = {}
+    for rnd in (1, 2):
+        for w in WORKLOADS:
+            ww = w if rnd == 1 else replace(w, name=f"{w.name} 2")
+            if ns.kept and not (out / f"{slug(ww.name)}.bench.jsonl").is_file():
+                continue  # kept from a single round
+            runs[(w.name, rnd)] = real_or_kept(ww, out)
+            loads.append(load())
+
     rows, notes = [], []
     for w in WORKLOADS:
-        details, real_log = real_or_kept(w, out)
-        real = bench_numbers(details)
-        loads.append(load())
+        details, real_log = runs[(w.name, 1)]
+        rounds = [bench_numbers(runs[(w.name, r)][0]) for r in (1, 2) if (w.name, r) in runs]
+        real = {k: statistics.mean(x[k] for x in rounds) for k in rounds[0]}
         real_d = decisions(real_log)
-        sim, sim_log = simulated_run(w, details, cost, out, "time")
+        sim, sim_log = simulated_run(w, details, cost, out, "time", latency_ms)
         sim_d = decisions(sim_log)
-        step_d = decisions(step_replay(w, measured_trace(w, out), cost, out))
-        by_step, by_time = compare(real_d, step_d), compare(real_d, sim_d)
-        line = [w.name, by_step.describe(), by_time.describe().split(", then")[0],
+        step_cells = []
+        for r in (1, 2):
+            if (w.name, r) not in runs:
+                continue
+            wr = w if r == 1 else replace(w, name=f"{w.name} 2")
+            rd = decisions(runs[(w.name, r)][1])
+            by_step = compare(rd, decisions(step_replay(wr, measured_trace(wr, out), cost, out)))
+            step_cells.append(by_step.describe())
+            if not by_step.identical:
+                notes.append(f"  {w.name} run {r} by step: {by_step.describe()}")
+        step_d = decisions((out / f"{slug(w.name)}.sim-step.log").read_text(encoding="utf-8").splitlines())
+        by_time = compare(real_d, sim_d)
+        line = [w.name, "; ".join(step_cells), by_time.describe().split(", then")[0],
                 f"{retracted(real_d)} / {retracted(step_d)} / {retracted(sim_d)}"]  # fmt: skip
         for key, fmt in (("ttft", "{:,.0f}"), ("tpot", "{:.1f}"), ("tput", "{:.1f}")):
             line.append(f"{fmt.format(real[key])} / {fmt.format(sim[key])} ({pct(sim[key], real[key])})")
+        if len(rounds) == 2:
+            line.append(" / ".join(pct(rounds[1][k], rounds[0][k]) for k in ("ttft", "tpot", "tput")))
+        else:
+            line.append("one run")
         rows.append(line)
         notes.append(f"{w.name}: {w.describe}; decision lines: {len(real_d)} real, {len(step_d)} by step, "
-                     f"{len(sim_d)} by time")  # fmt: skip
-        if not by_step.identical:
-            notes.append(f"  by step: {by_step.describe()}")
+                     f"{len(sim_d)} by time (run 1)")  # fmt: skip
         if not by_time.identical:
             notes.append(f"  by time: {by_time.describe()}")
 
@@ -299,10 +341,13 @@ def main() -> None:
     print("# decisions: Prefill batch, Decode batch and retraction lines (every step logs one) without times "
           "and throughputs, server vs simulation; by step = the server's --trace-requests replayed with "
           "--replay-arrival step; by time = the bench file replayed with each request's send time, "
-          f"seen by the scheduler {REQUEST_LATENCY_MS} ms later")  # fmt: skip
-    print("# timing cells: real / simulated by time (error)")
-    head = ["workload", "decisions by step", "decisions by time", "requests retracted real / step / time",
-            "TTFT p50 ms", "TPOT mean ms", "out tok/s"]  # fmt: skip
+          f"seen by the scheduler {latency_ms:g} ms later ({latency_source})")  # fmt: skip
+    print("# timing cells: the mean of the real runs / simulated by time, replaying run 1's requests "
+          "(error); decisions by step: each real run against its own step replay; by time and retractions: "
+          "run 1")
+    head = ["workload", "decisions by step (run 1; run 2)", "decisions by time", "requests retracted real / "
+            "step / time", "TTFT p50 ms", "TPOT mean ms", "out tok/s",
+            "real run 2 vs run 1: TTFT / TPOT / tok/s"]  # fmt: skip
     print("| " + " | ".join(head) + " |")
     print("|" + " --- |" * len(head))
     for line in rows:

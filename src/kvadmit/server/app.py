@@ -4,6 +4,7 @@ into a 4xx with OpenAI's error shape (never a 500, never a traceback)."""
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -53,6 +54,19 @@ class JSONBodies:
         await self.app(scope, receive, send)
 
 
+class StampReceipt:
+    """When the request reached the app (request.state.received, monotonic seconds), before body parsing
+    and whatever else the event loop had to do first: --trace-requests' queued_ms starts here."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            scope.setdefault("state", {})["received"] = time.monotonic()
+        await self.app(scope, receive, send)
+
+
 def create_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="kvadmit", version="0.1.0")
     app.add_middleware(JSONBodies)
@@ -98,6 +112,7 @@ def create_app(state: ServerState) -> FastAPI:
                 )
             return await call_next(request)
 
+    app.add_middleware(StampReceipt)  # added last: the outermost layer, the first to see a request
     app.include_router(native_api.router(state))
     app.include_router(openai_api.router(state))
     return app

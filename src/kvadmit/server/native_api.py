@@ -113,6 +113,7 @@ def router(state: ServerState) -> APIRouter:
                 state.runner, ids, dataclasses.replace(limits),
                 params, stops=stops, skip_special_tokens=skip, streaming=body.stream,
                 is_disconnected=request.is_disconnected, rid=rid,
+                received=getattr(request.state, "received", None),
             )  # fmt: skip
 
         if not body.stream:

@@ -99,7 +99,7 @@ def router(state: ServerState) -> APIRouter:
             return Session(
                 state.runner, ids, dataclasses.replace(limits), params, stops=stops,
                 skip_special_tokens=body.skip_special_tokens, streaming=body.stream,
-                is_disconnected=request.is_disconnected,
+                is_disconnected=request.is_disconnected, received=getattr(request.state, "received", None),
             )  # fmt: skip
 
         if not body.stream:

@@ -105,6 +105,7 @@ class Job:
     stream: Stream
     stop: list[str] = field(default_factory=list)
     stream_tokens: bool = True  # False: all tokens come with the end (a non-streaming request)
+    received: float = field(default_factory=time.monotonic)  # when its HTTP request reached the app
 
 
 @dataclass(slots=True)
@@ -120,6 +121,7 @@ class _Live:
     arrival: float = 0.0
     arrival_step: int = 0
     after_idle: bool = False
+    queued_ms: float = 0.0  # from its HTTP request reaching the app to the engine receiving it
 
 
 class EngineRunner:
@@ -322,8 +324,9 @@ class EngineRunner:
             self._outbox.put(job.stream, Finished("abort", None, message, 503, len(job.input_ids), 0, 0))
             return
         req = Req(rid=job.rid, origin_input_ids=job.input_ids, sampling=job.limits, params=job.params)
-        live = _Live(job, req, seq=self.submitted - 1, arrival=time.monotonic() - self.started,
-                     arrival_step=self.steps, after_idle=self._idle)  # fmt: skip
+        now = time.monotonic()
+        live = _Live(job, req, seq=self.submitted - 1, arrival=now - self.started, arrival_step=self.steps,
+                     after_idle=self._idle, queued_ms=1000 * (now - job.received))  # fmt: skip
         if job.stop:
             from kvadmit.model.detokenize import IncrementalDetokenizer
 
@@ -413,6 +416,7 @@ class EngineRunner:
         self.trace.write({
             "seq": live.seq, "rid": live.job.rid, "arrival": round(live.arrival, 6),
             "arrival_step": live.arrival_step, "after_idle": live.after_idle,
+            "queued_ms": round(live.queued_ms, 3),
             "prompt_len": len(req.origin_input_ids), "max_new_tokens": req.sampling.max_new_tokens,
             "ignore_eos": req.sampling.ignore_eos, "output_len": len(req.output_ids), "finish": finished.kind,
             "cached_tokens": req.cached_tokens, "retractions": req.retraction_count,

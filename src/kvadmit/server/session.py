@@ -83,6 +83,7 @@ class Session:
         streaming: bool,
         is_disconnected: Callable[[], Awaitable[bool]],
         rid: str | None = None,
+        received: float | None = None,  # monotonic time the HTTP request reached the app
     ) -> None:
         import asyncio
 
@@ -92,7 +93,8 @@ class Session:
         self.streaming = streaming
         self.is_disconnected = is_disconnected
         self.stream = Stream(asyncio.get_running_loop())
-        self.job = Job(self.rid, input_ids, limits, params, self.stream, stops, stream_tokens=streaming)
+        self.job = Job(self.rid, input_ids, limits, params, self.stream, stops, stream_tokens=streaming,
+                       received=received if received is not None else time.monotonic())  # fmt: skip
         self.text = TextAssembler(runner.backend.tokenizer, stops, skip_special_tokens)
         self.output_ids: list[int] = []
         self.start = time.perf_counter()
