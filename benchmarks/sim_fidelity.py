@@ -65,9 +65,10 @@ BENCH_COMMON = ["--backend", "sglang", "--dataset-name", "random-ids", "--tokeni
 # begin with the measured requests; a warm-up would also differ (its length follows --extra-request-body
 # on the server, bench_serving's 32 tokens in the simulation).
 NO_WARMUP = ["--warmup-requests", "0"]
-# The simulated server sees a request this long after the client sent it: the probe's median queued_ms
-# (its trace: from the HTTP request reaching the server to the engine receiving it, which grows with the
-# streams the HTTP thread serves), or this when the probe's trace is not there (an older kept run).
+# The simulated server sees a request this long after the client sent it: the probe's median http_ms
+# (its trace: from the HTTP request reaching the server to its hand-over to the engine thread, which
+# grows with the streams the HTTP thread serves; the wait for the step then running is the simulation's
+# own), or this when the probe's trace does not have it (an older kept run).
 REQUEST_LATENCY_MS = 5.0
 
 
@@ -77,10 +78,10 @@ def request_latency_ms(out: Path) -> tuple[float, str]:
         return REQUEST_LATENCY_MS, "assumed"
     settled = int((out / "probe.settled").read_text(encoding="utf-8"))
     rows = [json.loads(x) for x in trace.read_text(encoding="utf-8").splitlines() if x]
-    queued = [r["queued_ms"] for r in rows if r["seq"] >= settled and "queued_ms" in r]
-    if not queued:
+    http = [r["http_ms"] for r in rows if r["seq"] >= settled and "http_ms" in r]
+    if not http:
         return REQUEST_LATENCY_MS, "assumed"
-    return round(statistics.median(queued), 1), f"the probe's median queued_ms over {len(queued)} requests"
+    return round(statistics.median(http), 1), f"the probe's median http_ms over {len(http)} requests"
 SETTLE = ["--num-prompts", "6", "--random-input-len", "96", "--random-output-len", "24",
           "--max-concurrency", "3", "--warmup-requests", "0", "--seed", "7"]  # fmt: skip
 

@@ -56,7 +56,7 @@ class JSONBodies:
 
 class StampReceipt:
     """When the request reached the app (request.state.received, monotonic seconds), before body parsing
-    and whatever else the event loop had to do first: --trace-requests' queued_ms starts here."""
+    and whatever else the event loop had to do first: --trace-requests' http_ms starts here."""
 
     def __init__(self, app: Any) -> None:
         self.app = app

@@ -8,9 +8,11 @@ simulate --replay` needs to run the same requests again, by their times or step 
                   seen by the scheduling pass of step arrival_step + 1
     after_idle    whether the engine had found nothing to run since that step (an idle pass resets the
                   new-token ratio, so a replay must take it too)
-    queued_ms     from the HTTP request reaching the app to the engine receiving it (body parsing,
-                  tokenization, the event loop's other work, the hand-over): the server's share of
-                  what `kvadmit simulate --request-latency-ms` stands for
+    http_ms       from the HTTP request reaching the app to its hand-over to the engine thread (body
+                  parsing, tokenization, the event loop's other work): the server's share of what
+                  `kvadmit simulate --request-latency-ms` stands for
+    queued_ms     from the hand-over to the engine receiving it: the rest of the step then running
+                  (the engine takes requests between steps; a simulation makes this wait itself)
     prompt_len, input_ids, max_new_tokens (as the scheduler capped it), ignore_eos
     output_len    the tokens it generated; finish: stop, length or abort; cached_tokens; retractions
 

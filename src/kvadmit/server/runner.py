@@ -106,6 +106,7 @@ class Job:
     stop: list[str] = field(default_factory=list)
     stream_tokens: bool = True  # False: all tokens come with the end (a non-streaming request)
     received: float = field(default_factory=time.monotonic)  # when its HTTP request reached the app
+    handed: float = 0.0  # when the HTTP side handed it to the engine thread (submit)
 
 
 @dataclass(slots=True)
@@ -121,7 +122,8 @@ class _Live:
     arrival: float = 0.0
     arrival_step: int = 0
     after_idle: bool = False
-    queued_ms: float = 0.0  # from its HTTP request reaching the app to the engine receiving it
+    http_ms: float = 0.0  # from its HTTP request reaching the app to its hand-over to the engine thread
+    queued_ms: float = 0.0  # from the hand-over to the engine receiving it (the step then running)
 
 
 class EngineRunner:
@@ -243,6 +245,7 @@ class EngineRunner:
         self._outbox.flush()
 
     def submit(self, job: Job) -> None:
+        job.handed = time.monotonic()
         self._send(lambda: self._submit(job))
 
     def abort(self, rid: str) -> None:
@@ -326,7 +329,8 @@ class EngineRunner:
         req = Req(rid=job.rid, origin_input_ids=job.input_ids, sampling=job.limits, params=job.params)
         now = time.monotonic()
         live = _Live(job, req, seq=self.submitted - 1, arrival=now - self.started, arrival_step=self.steps,
-                     after_idle=self._idle, queued_ms=1000 * (now - job.received))  # fmt: skip
+                     after_idle=self._idle, http_ms=1000 * (job.handed - job.received),
+                     queued_ms=1000 * (now - job.handed))  # fmt: skip
         if job.stop:
             from kvadmit.model.detokenize import IncrementalDetokenizer
 
@@ -416,7 +420,7 @@ class EngineRunner:
         self.trace.write({
             "seq": live.seq, "rid": live.job.rid, "arrival": round(live.arrival, 6),
             "arrival_step": live.arrival_step, "after_idle": live.after_idle,
-            "queued_ms": round(live.queued_ms, 3),
+            "http_ms": round(live.http_ms, 3), "queued_ms": round(live.queued_ms, 3),
             "prompt_len": len(req.origin_input_ids), "max_new_tokens": req.sampling.max_new_tokens,
             "ignore_eos": req.sampling.ignore_eos, "output_len": len(req.output_ids), "finish": finished.kind,
             "cached_tokens": req.cached_tokens, "retractions": req.retraction_count,
