@@ -53,7 +53,9 @@ def run_profile(ns: argparse.Namespace) -> int:
     import torch
 
     from kvadmit.commands.costs import describe
+    from kvadmit.executor.costmodel import CostModel
     from kvadmit.executor.profile import Measurement, profile_model, with_metadata
+    from kvadmit.executor.serving_overhead import ServingOverheadError, add_overhead, measure_overhead
     from kvadmit.model.default import DefaultModelError
     from kvadmit.model.device import default_device, resolve_dtype
     from kvadmit.model.loading import ModelLoadError, load_hf_folder
@@ -69,9 +71,6 @@ def run_profile(ns: argparse.Namespace) -> int:
             serving_lines = Path(ns.serving_log).read_text(encoding="utf-8", errors="replace").splitlines()
         except OSError as e:
             raise UsageError(f"--serving-log: cannot read {ns.serving_log!r}: {e.strerror}") from None
-        from kvadmit.executor.costmodel import CostModel
-        from kvadmit.executor.serving_overhead import ServingOverheadError, measure_overhead
-
         try:  # before the minutes of measuring: a log that cannot give the overhead is refused now
             measure_overhead(serving_lines, CostModel())
         except ServingOverheadError as e:
@@ -105,8 +104,6 @@ def run_profile(ns: argparse.Namespace) -> int:
     )
     cost = with_metadata(profile, folder.name, str(dtype).removeprefix("torch."))
     if serving_lines is not None:
-        from kvadmit.executor.serving_overhead import ServingOverheadError, add_overhead, measure_overhead
-
         try:
             overhead = measure_overhead(serving_lines, cost)
         except ServingOverheadError as e:

@@ -153,13 +153,9 @@ def profile_model(
     per_token_ms = pfit.coef["tokens"]
     overhead_ms, loop_steps = loop_overhead_ms(executor, pool, vocab)
     step_ms = {(m.requests, m.tokens): 1000 * m.seconds for m in decode}
+    sizes, lens = tuple(sorted(set(batch_sizes))), tuple(sorted(set(context_lens)))
     table = DecodeTable(
-        tuple(sorted(set(batch_sizes))),
-        tuple(sorted(set(context_lens))),
-        tuple(
-            tuple(step_ms[(b, c)] + overhead_ms for c in sorted(set(context_lens)))
-            for b in sorted(set(batch_sizes))
-        ),
+        sizes, lens, tuple(tuple(step_ms[(b, c)] + overhead_ms for c in lens) for b in sizes)
     )
     cost = CostModel(
         DecodeCost(

@@ -122,8 +122,6 @@ class _Live:
     arrival: float = 0.0
     arrival_step: int = 0
     after_idle: bool = False
-    http_ms: float = 0.0  # from its HTTP request reaching the app to its hand-over to the engine thread
-    queued_ms: float = 0.0  # from the hand-over to the engine receiving it (the step then running)
 
 
 class EngineRunner:
@@ -327,10 +325,8 @@ class EngineRunner:
             self._outbox.put(job.stream, Finished("abort", None, message, 503, len(job.input_ids), 0, 0))
             return
         req = Req(rid=job.rid, origin_input_ids=job.input_ids, sampling=job.limits, params=job.params)
-        now = time.monotonic()
-        live = _Live(job, req, seq=self.submitted - 1, arrival=now - self.started, arrival_step=self.steps,
-                     after_idle=self._idle, http_ms=1000 * (job.handed - job.received),
-                     queued_ms=1000 * (now - job.handed))  # fmt: skip
+        live = _Live(job, req, seq=self.submitted - 1, arrival=time.monotonic() - self.started,
+                     arrival_step=self.steps, after_idle=self._idle)  # fmt: skip
         if job.stop:
             from kvadmit.model.detokenize import IncrementalDetokenizer
 
@@ -416,11 +412,12 @@ class EngineRunner:
 
     def _trace(self, live: _Live, finished: Finished) -> None:
         assert self.trace is not None
-        req = live.req
+        req, job = live.req, live.job
         self.trace.write({
             "seq": live.seq, "rid": live.job.rid, "arrival": round(live.arrival, 6),
             "arrival_step": live.arrival_step, "after_idle": live.after_idle,
-            "http_ms": round(live.http_ms, 3), "queued_ms": round(live.queued_ms, 3),
+            "http_ms": round(1000 * (job.handed - job.received), 3),  # to the hand-over
+            "queued_ms": round(1000 * (self.started + live.arrival - job.handed), 3),  # to the receipt
             "prompt_len": len(req.origin_input_ids), "max_new_tokens": req.sampling.max_new_tokens,
             "ignore_eos": req.sampling.ignore_eos, "output_len": len(req.output_ids), "finish": finished.kind,
             "cached_tokens": req.cached_tokens, "retractions": req.retraction_count,

@@ -70,8 +70,6 @@ class SimClient:
 
     def schedule(self, arrival: float, spec: SimRequest, outcome: RequestOutcome | None, rid: str) -> None:
         self.queue.append((arrival, rid, spec, outcome))
-        if spec.true_output_len is not None:
-            self.true_output_len[rid] = spec.true_output_len
 
     def send_due(self) -> None:
         """Send every queued request that has arrived, while the concurrency limit allows (FIFO)."""

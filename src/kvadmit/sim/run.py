@@ -160,8 +160,7 @@ def _simulate(
     if cfg.replay is not None and cfg.replay_by_step:
         outcomes = [RequestOutcome(prompt_len=s.prompt_len) for s in specs]
         steps = _run_by_step(cfg.replay, engine, client, clock, outcomes)
-        start = 0.0
-        return _finish(cfg, specs, outcomes, client, start, request_trace, retractions, steps, scheduler)
+        return _finish(cfg, specs, outcomes, client, 0.0, request_trace, retractions, steps, scheduler)
 
     # Warm-up: the first request's prompt, at most 32 output tokens, behind the same concurrency limit.
     if cfg.warmup_requests > 0:
