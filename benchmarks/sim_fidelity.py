@@ -1,12 +1,14 @@
 """How well `kvadmit simulate` predicts the real engine: the same requests, real and replayed.
 
 1. Profile: a probe workload (not one of the three below: 32 requests, concurrency 16) runs through a
-   fresh `kvadmit serve` that logs every step. Then `kvadmit profile` times the real executor (the
-   default model, the dtype `serve` picks) over a grid of decode batch sizes × context lengths and
-   prefill sizes, plus the engine loop's own time per step, and with `--serving-log` the probe's log:
-   what each of its decode steps took beyond the executor's time for that batch (the serving stack:
-   HTTP and streaming threads and the client on the same two cores), fitted as a + b × running
-   requests. It writes one cost model (the decode grid kept as measured: a table the simulator reads).
+   fresh `kvadmit serve` that logs every step. `kvadmit profile` times the real executor (the default
+   model, the dtype `serve` picks) over a grid of decode batch sizes × context lengths and prefill sizes,
+   plus the engine loop's own time per step, four times: before, between and after the three rounds of
+   real runs below, so the machine's slow and fast spells fall on the profile as on the runs. Then
+   `kvadmit profile --average` writes their mean (the decode grid kept as measured: a table the
+   simulator reads) with `--serving-log` the probe's log: what each of its decode steps took beyond the
+   executor's time for that batch (the serving stack: HTTP and streaming threads and the client on the
+   same two cores), fitted as a + b × running requests and added to every step.
 2. Three workloads, not used above: each runs against a fresh `kvadmit serve` (the default model, the
    same scheduler flags the simulation gets, --decode-log-interval 1 so every step prints a line, and
    --trace-requests) under `kvadmit bench --output-details`. Then two replays:
@@ -20,14 +22,15 @@
      the clock.
 3. Compared per workload: decisions (Prefill batch, Decode batch and retraction lines without times and
    throughputs), median TTFT, mean TPOT and output throughput (% error), and retractions. Each workload
-   runs twice on the real server (rounds A B C, A B C, so the machine's drift falls on both): the times
-   are compared with the mean of the two, and run 2 against run 1 shows how far the real engine itself
-   moves between runs of the same requests.
+   runs three times on the real server (rounds A B C, A B C, A B C, so the machine's drift falls on
+   all): the times are compared with the median of the three, their spread shows how far the real
+   engine itself moves between runs of the same requests, and each run's decode steps against the cost
+   model show how fast the machine was in that run compared with the profiles.
 
 Before each measured run the server gets a few settling requests (a fresh process runs its first steps
 many times slower) and its cache is flushed; the logs and traces are compared from the measured run on.
 
-Run: python benchmarks/sim_fidelity.py [--out DIR]   (about 9 minutes on 2 shared cores)
+Run: python benchmarks/sim_fidelity.py [--out DIR]   (about 13 minutes on 2 shared cores)
      python benchmarks/sim_fidelity.py --kept DIR       (simulate again against DIR's real runs)
 """
 
@@ -51,13 +54,16 @@ from pathlib import Path
 
 import httpx
 
+from kvadmit.executor.costmodel import CostModel
+from kvadmit.executor.serving_overhead import logged_steps
 from kvadmit.observe.decisions import Decision, compare, decisions
 from machine import cpu_model
 
 KVADMIT = [sys.executable, "-m", "kvadmit.cli"]
+ROUNDS = 3  # real runs of each workload
 PROFILE = ["--batch-sizes", ",".join(map(str, range(1, 25))), "--context-lens", "64,256",
            "--prefill-lens", "32,128,384",
-           "--prefill-requests", "1,3", "--repeats", "7"]  # fmt: skip
+           "--prefill-requests", "1,3", "--repeats", "3"]  # fmt: skip
 # Every step prints its line (prefill or decode), so the logs compare step for step.
 LOG_EVERY_STEP = ["--decode-log-interval", "1"]
 BENCH_COMMON = ["--backend", "sglang", "--dataset-name", "random-ids", "--tokenize-prompt", "--disable-tqdm"]
@@ -196,6 +202,11 @@ def measured_trace(w: Workload, out: Path) -> Path:
     return cut
 
 
+def profile_executor(cost: Path, out: Path) -> None:
+    """`kvadmit profile` of the bare executor (the serving stack is fitted once, to the mean)."""
+    run([*KVADMIT, "profile", *PROFILE, "-o", str(cost)], out / "profile.stderr")
+
+
 def step_replay(w: Workload, trace: Path, cost: Path, out: Path) -> list[str]:
     """The measured run's trace replayed step by step; the simulated log's lines."""
     log = out / f"{slug(w.name)}.sim-step.log"
@@ -233,6 +244,24 @@ def bench_numbers(details: Path) -> dict[str, float]:
 
 def retracted(found: list[Decision]) -> int:
     return sum(int(v[0]) for kind, v in found if kind == "retract")  # type: ignore[call-overload]
+
+
+def spread(values: list[float]) -> str:
+    if len(values) < 2:
+        return "one run"
+    return f"{100 * (max(values) - min(values)) / statistics.median(values):.1f}%"
+
+
+def steps_vs_model(lines: list[str], cost: CostModel) -> str:
+    """How much slower (+) the run's decode steps were than the cost model says: the machine's speed in
+    that run against the profiles'. The median over the steps its log times alone, of logged / modelled."""
+    ratios = [ms / (1000 * cost.decode.seconds(b, k)) for b, k, ms in logged_steps(lines)]
+    return f"{100 * (statistics.median(ratios) - 1):+.0f}%" if ratios else "n/a"
+
+
+def in_round(w: Workload, rnd: int) -> Workload:
+    """The workload as run in round `rnd` (its files named apart)."""
+    return w if rnd == 1 else replace(w, name=f"{w.name} {rnd}")
 
 
 def pct(sim: float, real: float) -> str:
@@ -276,46 +305,57 @@ def main() -> None:
                     "the load averages below are of this re-simulation, not of the real runs)")  # fmt: skip
     else:
         _, probe_log = real_run(PROBE, out)
-        serving_log = out / "probe.serving.log"
-        serving_log.write_text("\n".join(probe_log) + "\n", encoding="utf-8")
-        profile = [*KVADMIT, "profile", *PROFILE, "--serving-log", str(serving_log), "-o", str(cost)]
-        profile_text = run(profile, out / "profile.stderr")
-        fit_line = next((x for x in profile_text.splitlines() if x.startswith("fit error")), "")
-        fit_line += "; " + next((x for x in profile_text.splitlines() if x.startswith("serving stack")), "")
+        (out / "probe.serving.log").write_text("\n".join(probe_log) + "\n", encoding="utf-8")
+
+    # Each workload runs ROUNDS times on the real server, the rounds in turn (A B C, A B C, A B C), so the
+    # machine's drift falls on all: the simulation is compared with the median of the runs (a run that a
+    # slow spell of the machine caught moves it little), and the runs' spread shows how far the real
+    # engine moves from one run to the next. The executor is profiled before, between and after the
+    # rounds, and the simulation reads the mean of those profiles: profiled once, minutes away from the
+    # runs, a shared machine's slow or fast spell is taken for its speed (two profiles a minute apart
+    # differed by 8–12% at every batch size here).
+    runs: dict[tuple[str, int], tuple[Path, list[str]]] = {}
+    profiles = [out / f"profile-{rnd}.json" for rnd in range(1, ROUNDS + 2)]
+    for rnd in range(1, ROUNDS + 2):
+        if not ns.kept:
+            profile_executor(profiles[rnd - 1], out)
+            loads.append(load())
+        if rnd > ROUNDS:
+            break
+        for w in WORKLOADS:
+            ww = in_round(w, rnd)
+            if ns.kept and not (out / f"{slug(ww.name)}.bench.jsonl").is_file():
+                continue  # kept from fewer rounds
+            runs[(w.name, rnd)] = real_or_kept(ww, out)
+            loads.append(load())
+    if not ns.kept:
+        mean = [*KVADMIT, "profile", "--average", *map(str, profiles), "--serving-log",
+                str(out / "probe.serving.log"), "-o", str(cost)]  # fmt: skip
+        profile_text = run(mean, out / "profile.stderr")
+        fit_line = "; ".join(
+            x for x in profile_text.splitlines() if x.startswith(("fit error", "averaged", "serving stack"))
+        )
     latency_ms, latency_source = request_latency_ms(out)
     model = json.loads(cost.read_text(encoding="utf-8"))
     dtype = next((n.split("dtype ")[-1] for n in model["notes"] if "dtype" in n), "?")
     loop_ms = model["fit"].get("loop_overhead_ms", 0.0)
-    loads.append(load())
-
-    # Each workload runs twice on the real server, the two rounds in turn (A B C A B C), so the machine's
-    # drift falls on both: the simulation is compared with their mean, and run 2 with run 1 shows how
-    # far the real engine moves from one run to the next.
-    runs: dict[tuple[str, int], tuple[Path, list[str]]] = {}
-    for rnd in (1, 2):
-        for w in WORKLOADS:
-            ww = w if rnd == 1 else replace(w, name=f"{w.name} 2")
-            if ns.kept and not (out / f"{slug(ww.name)}.bench.jsonl").is_file():
-                continue  # kept from a single round
-            runs[(w.name, rnd)] = real_or_kept(ww, out)
-            loads.append(load())
+    cost_model = CostModel.from_file(str(cost))
 
     rows, notes = [], []
     for w in WORKLOADS:
+        done = [r for r in range(1, ROUNDS + 1) if (w.name, r) in runs]
         details, real_log = runs[(w.name, 1)]
-        rounds = [bench_numbers(runs[(w.name, r)][0]) for r in (1, 2) if (w.name, r) in runs]
-        real = {k: statistics.mean(x[k] for x in rounds) for k in rounds[0]}
+        measured = [bench_numbers(runs[(w.name, r)][0]) for r in done]
+        real = {k: statistics.median(x[k] for x in measured) for k in measured[0]}
         real_d = decisions(real_log)
         sim, sim_log = simulated_run(w, details, cost, out, "time", latency_ms)
         sim_d = decisions(sim_log)
         step_cells = []
-        for r in (1, 2):
-            if (w.name, r) not in runs:
-                continue
-            wr = w if r == 1 else replace(w, name=f"{w.name} 2")
+        for r in done:
+            wr = in_round(w, r)
             rd = decisions(runs[(w.name, r)][1])
             by_step = compare(rd, decisions(step_replay(wr, measured_trace(wr, out), cost, out)))
-            step_cells.append(by_step.describe())
+            step_cells.append(by_step.describe().removesuffix(" identical"))
             if not by_step.identical:
                 notes.append(f"  {w.name} run {r} by step: {by_step.describe()}")
         step_d = decisions((out / f"{slug(w.name)}.sim-step.log").read_text(encoding="utf-8").splitlines())
@@ -324,10 +364,8 @@ def main() -> None:
                 f"{retracted(real_d)} / {retracted(step_d)} / {retracted(sim_d)}"]  # fmt: skip
         for key, fmt in (("ttft", "{:,.0f}"), ("tpot", "{:.1f}"), ("tput", "{:.1f}")):
             line.append(f"{fmt.format(real[key])} / {fmt.format(sim[key])} ({pct(sim[key], real[key])})")
-        if len(rounds) == 2:
-            line.append(" / ".join(pct(rounds[1][k], rounds[0][k]) for k in ("ttft", "tpot", "tput")))
-        else:
-            line.append("one run")
+        line.append(" / ".join(spread([x[k] for x in measured]) for k in ("ttft", "tpot", "tput")))
+        line.append(" / ".join(steps_vs_model(runs[(w.name, r)][1], cost_model) for r in done))
         rows.append(line)
         notes.append(f"{w.name}: {w.describe}; decision lines: {len(real_d)} real, {len(step_d)} by step, "
                      f"{len(sim_d)} by time (run 1)")  # fmt: skip
@@ -343,12 +381,14 @@ def main() -> None:
           "and throughputs, server vs simulation; by step = the server's --trace-requests replayed with "
           "--replay-arrival step; by time = the bench file replayed with each request's send time, "
           f"seen by the scheduler {latency_ms:g} ms later ({latency_source})")  # fmt: skip
-    print("# timing cells: the mean of the real runs / simulated by time, replaying run 1's requests "
-          "(error); decisions by step: each real run against its own step replay; by time and retractions: "
-          "run 1")
-    head = ["workload", "decisions by step (run 1; run 2)", "decisions by time", "requests retracted real / "
+    print("# timing cells: the median of the real runs / simulated by time, replaying run 1's requests "
+          "(error); decisions by step: each real run against its own step replay (lines identical); by time "
+          "and retractions: run 1; spread: (largest − smallest) / median of the real runs; steps vs model: "
+          "each real run's median decode step (those its log times alone) against the cost model's time "
+          "for that batch, + slower")  # fmt: skip
+    head = ["workload", "decisions by step (runs 1; 2; 3)", "decisions by time", "requests retracted real / "
             "step / time", "TTFT p50 ms", "TPOT mean ms", "out tok/s",
-            "real run 2 vs run 1: TTFT / TPOT / tok/s"]  # fmt: skip
+            "real runs' spread: TTFT / TPOT / tok/s", "real steps vs model (runs 1 / 2 / 3)"]  # fmt: skip
     print("| " + " | ".join(head) + " |")
     print("|" + " --- |" * len(head))
     for line in rows:

@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 from kvadmit.errors import UsageError
+
+if TYPE_CHECKING:
+    from kvadmit.executor.costmodel import CostModel
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -17,6 +21,16 @@ def _ints(text: str) -> tuple[int, ...]:
     if not values or min(values) <= 0:
         raise argparse.ArgumentTypeError(f"{text!r} must list positive integers")
     return values
+
+
+# (flag, default, help) of the grid's options; none of them may go with --average (it measures nothing).
+GRID: tuple[tuple[str, tuple[int, ...], str], ...] = (
+    ("--batch-sizes", (1, 4, 16, 64), "decode batch sizes"),
+    ("--context-lens", (128, 512, 2048), "KV tokens per request"),
+    ("--prefill-lens", (32, 128, 512, 2048), "tokens per prefill"),
+    ("--prefill-requests", (1, 4), "requests per prefill batch"),
+)
+REPEATS = 3
 
 
 def profile_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -34,11 +48,16 @@ def profile_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[typ
                    help="as kvadmit serve resolves it (auto: bfloat16 where the CPU computes it natively, "
                    "else float32; bfloat16/float16 on CUDA), so the profile times the server's executor")
     p.add_argument("--device", default="auto", help="cpu, cuda, or auto (cuda when present), as for serve")
-    p.add_argument("--batch-sizes", type=_ints, default=(1, 4, 16, 64), help="decode batch sizes")
-    p.add_argument("--context-lens", type=_ints, default=(128, 512, 2048), help="KV tokens per request")
-    p.add_argument("--prefill-lens", type=_ints, default=(32, 128, 512, 2048), help="tokens per prefill")
-    p.add_argument("--prefill-requests", type=_ints, default=(1, 4), help="requests per prefill batch")
-    p.add_argument("--repeats", type=int, default=3, help="timed runs per point (the median is kept)")
+    for flag, default, what in GRID:
+        shown = ",".join(map(str, default))
+        p.add_argument(flag, type=_ints, default=None, help=f"{what} (default: {shown})")
+    p.add_argument("--repeats", type=int, default=None,
+                   help=f"timed runs per point, the median kept (default: {REPEATS})")  # fmt: skip
+    p.add_argument("--average", nargs="+", metavar="FILE", default=None,
+                   help="measure nothing: write the mean of these profiles of this machine (bare executor, "
+                   "the same grid; taken at different times, e.g. before and after the runs they are to "
+                   "predict), with how far they differ; --serving-log is then fitted against the mean",
+                   )  # fmt: skip
     p.add_argument("--serving-log", metavar="LOG", default=None,
                    help="a log of kvadmit serve on this machine, run with --decode-log-interval 1: each "
                    "decode step there minus the executor's time for it is the serving stack's overhead "
@@ -50,21 +69,10 @@ def profile_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[typ
 def run_profile(ns: argparse.Namespace) -> int:
     from pathlib import Path
 
-    import torch
-
     from kvadmit.commands.costs import describe
     from kvadmit.executor.costmodel import CostModel
-    from kvadmit.executor.profile import Measurement, profile_model, with_metadata
     from kvadmit.executor.serving_overhead import ServingOverheadError, add_overhead, measure_overhead
-    from kvadmit.model.default import DefaultModelError
-    from kvadmit.model.device import default_device, resolve_dtype
-    from kvadmit.model.loading import ModelLoadError, load_hf_folder
-    from kvadmit.model.runtime import resolve_model_path
 
-    if ns.repeats <= 0:
-        raise UsageError(f"--repeats must be positive, got {ns.repeats}")
-    if ns.model_path is not None and not Path(ns.model_path).exists():
-        raise UsageError(f"--model-path {ns.model_path!r} does not exist")
     serving_lines: list[str] | None = None
     if ns.serving_log is not None:
         try:
@@ -75,6 +83,85 @@ def run_profile(ns: argparse.Namespace) -> int:
             measure_overhead(serving_lines, CostModel())
         except ServingOverheadError as e:
             raise UsageError(f"--serving-log {ns.serving_log}: {e}") from None
+    cost = _averaged(ns) if ns.average is not None else _measured(ns)
+    if serving_lines is not None:
+        try:
+            overhead = measure_overhead(serving_lines, cost)
+        except ServingOverheadError as e:
+            raise UsageError(f"--serving-log {ns.serving_log}: {e}") from None
+        cost = add_overhead(cost, overhead, Path(ns.serving_log).name)
+        print(
+            f"serving stack: {overhead.base_ms:.2f} + {overhead.per_request_ms:.3f} × running requests ms "
+            f"per step beyond the executor ({overhead.steps} decode steps of {ns.serving_log}, "
+            f"{overhead.batch_sizes[0]}–{overhead.batch_sizes[1]} running), added to every step"
+        )
+    fit = cost.meta["fit"]
+    table = cost.decode.table
+    print("\n".join(describe(cost, context=(max(table.context_lens) if table else 2048,))))
+    print(
+        f"fit error: decode {fit['decode_mean_abs_error_pct']}% mean, "
+        f"{fit['decode_max_abs_error_pct']}% max; prefill {fit['prefill_mean_abs_error_pct']}% mean, "
+        f"{fit['prefill_max_abs_error_pct']}% max (the simulator reads the measured decode table, not "
+        "the decode fit)"
+    )
+    if "profiles_averaged" in fit:
+        print(
+            f"averaged: {fit['profiles_averaged']} profiles; a grid point's decode step time differs from "
+            f"the mean by up to {fit['profile_spread_mean_pct']}% on average, "
+            f"{fit['profile_spread_max_pct']}% at most"
+        )
+    print(
+        f"engine loop: {fit['loop_overhead_ms']:.2f} ms per step beyond the executor, added to every step"
+    )
+    if ns.output:
+        try:
+            cost.write(ns.output)
+        except OSError as e:
+            raise UsageError(f"cannot write {ns.output!r}: {e.strerror}") from None
+        print(f"wrote {ns.output}")
+    return 0
+
+
+def _averaged(ns: argparse.Namespace) -> CostModel:
+    """--average: the mean of the given profiles; nothing is measured."""
+    from kvadmit.executor.costmodel import CostModel, CostModelError
+    from kvadmit.executor.profile_average import ProfileAverageError, average_profiles
+
+    given = [flag for flag, _, _ in GRID if getattr(ns, _dest(flag)) is not None]
+    given += ["--repeats"] if ns.repeats is not None else []
+    given += ["--model-path"] if ns.model_path is not None else []
+    given += [f"--{k}" for k in ("dtype", "device") if getattr(ns, k) != "auto"]
+    if given:
+        raise UsageError(f"--average measures nothing: {', '.join(given)} cannot go with it")
+    try:
+        models = [CostModel.from_file(path) for path in ns.average]
+        return average_profiles(models, list(ns.average))
+    except (CostModelError, ProfileAverageError) as e:
+        raise UsageError(f"--average: {e}") from None
+
+
+def _dest(flag: str) -> str:
+    return flag.removeprefix("--").replace("-", "_")
+
+
+def _measured(ns: argparse.Namespace) -> CostModel:
+    """The executor timed over the grid (the model loaded as kvadmit serve loads it)."""
+    from pathlib import Path
+
+    import torch
+
+    from kvadmit.executor.profile import Measurement, profile_model, with_metadata
+    from kvadmit.model.default import DefaultModelError
+    from kvadmit.model.device import default_device, resolve_dtype
+    from kvadmit.model.loading import ModelLoadError, load_hf_folder
+    from kvadmit.model.runtime import resolve_model_path
+
+    grid = {_dest(flag): getattr(ns, _dest(flag)) or default for flag, default, _ in GRID}
+    repeats = REPEATS if ns.repeats is None else ns.repeats
+    if repeats <= 0:
+        raise UsageError(f"--repeats must be positive, got {repeats}")
+    if ns.model_path is not None and not Path(ns.model_path).exists():
+        raise UsageError(f"--model-path {ns.model_path!r} does not exist")
     try:
         folder = resolve_model_path(ns.model_path)
         device = default_device() if ns.device == "auto" else ns.device
@@ -93,42 +180,5 @@ def run_profile(ns: argparse.Namespace) -> int:
             f"{what}: {m.requests} request(s), {m.tokens} {unit}: {1000 * m.seconds:.2f} ms", file=sys.stderr
         )
 
-    profile = profile_model(
-        model,
-        batch_sizes=ns.batch_sizes,
-        context_lens=ns.context_lens,
-        prefill_lens=ns.prefill_lens,
-        prefill_requests=ns.prefill_requests,
-        repeats=ns.repeats,
-        progress=show,
-    )
-    cost = with_metadata(profile, folder.name, str(dtype).removeprefix("torch."))
-    if serving_lines is not None:
-        try:
-            overhead = measure_overhead(serving_lines, cost)
-        except ServingOverheadError as e:
-            raise UsageError(f"--serving-log {ns.serving_log}: {e}") from None
-        cost = add_overhead(cost, overhead, Path(ns.serving_log).name)
-        print(
-            f"serving stack: {overhead.base_ms:.2f} + {overhead.per_request_ms:.3f} × running requests ms "
-            f"per step beyond the executor ({overhead.steps} decode steps of {ns.serving_log}, "
-            f"{overhead.batch_sizes[0]}–{overhead.batch_sizes[1]} running), added to every step"
-        )
-    fit = cost.meta["fit"]
-    print("\n".join(describe(cost, context=(max(ns.context_lens),))))
-    print(
-        f"fit error: decode {fit['decode_mean_abs_error_pct']}% mean, "
-        f"{fit['decode_max_abs_error_pct']}% max; prefill {fit['prefill_mean_abs_error_pct']}% mean, "
-        f"{fit['prefill_max_abs_error_pct']}% max (the simulator reads the measured decode table, not "
-        "the decode fit)"
-    )
-    print(
-        f"engine loop: {fit['loop_overhead_ms']:.2f} ms per step beyond the executor, added to every step"
-    )
-    if ns.output:
-        try:
-            cost.write(ns.output)
-        except OSError as e:
-            raise UsageError(f"cannot write {ns.output!r}: {e.strerror}") from None
-        print(f"wrote {ns.output}")
-    return 0
+    profile = profile_model(model, repeats=repeats, progress=show, **grid)
+    return with_metadata(profile, folder.name, str(dtype).removeprefix("torch."))

@@ -19,7 +19,7 @@ step, and to every prefill step as a + b × its requests (a prefill streams one 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -47,9 +47,9 @@ class ServingOverhead:
 MIN_STEPS = 5
 
 
-def measure_overhead(lines: Iterable[str], cost: CostModel) -> ServingOverhead:
-    batch: list[float] = []
-    residual: list[float] = []
+def logged_steps(lines: Iterable[str]) -> Iterator[tuple[int, int, float]]:
+    """(#running-req, #token, ms) of each decode step the log times alone: a Decode batch line right
+    after another one (with nothing but other lines, such as HTTP access lines, between)."""
     after_decode = False
     for line in lines:
         if "Decode batch" not in line:
@@ -61,9 +61,16 @@ def measure_overhead(lines: Iterable[str], cost: CostModel) -> ServingOverhead:
         running, tokens, gen = fields["running_req"], fields["num_used_tokens"], fields["gen_throughput"]
         assert isinstance(running, int) and isinstance(tokens, int) and isinstance(gen, float)
         if after_decode and running > 0 and gen > 0:
-            batch.append(running)
-            residual.append(1000 * running / gen - 1000 * cost.decode.seconds(running, tokens))
+            yield running, tokens, 1000 * running / gen
         after_decode = True
+
+
+def measure_overhead(lines: Iterable[str], cost: CostModel) -> ServingOverhead:
+    batch: list[float] = []
+    residual: list[float] = []
+    for running, tokens, ms in logged_steps(lines):
+        batch.append(running)
+        residual.append(ms - 1000 * cost.decode.seconds(running, tokens))
     if len(residual) < MIN_STEPS:
         raise ServingOverheadError(
             f"only {len(residual)} decode steps logged right after another decode step (at least "
