@@ -1,14 +1,15 @@
 """How well `kvadmit simulate` predicts the real engine: the same requests, real and replayed.
 
 1. Profile: a probe workload (not one of the three below: 32 requests, concurrency 16) runs through a
-   fresh `kvadmit serve` that logs every step. `kvadmit profile` times the real executor (the default
-   model, the dtype `serve` picks) over a grid of decode batch sizes × context lengths and prefill sizes,
-   plus the engine loop's own time per step, four times: before, between and after the three rounds of
-   real runs below, so the machine's slow and fast spells fall on the profile as on the runs. Then
-   `kvadmit profile --average` writes their mean (the decode grid kept as measured: a table the
-   simulator reads) with `--serving-log` the probe's log: what each of its decode steps took beyond the
-   executor's time for that batch (the serving stack: HTTP and streaming threads and the client on the
-   same two cores), fitted as a + b × running requests and added to every step.
+   fresh `kvadmit serve` that logs every step, once in each round of real runs (below). `kvadmit
+   profile` times the real executor (the default model, the dtype `serve` picks) over a grid of decode
+   batch sizes × context lengths and prefill sizes, plus the engine loop's own time per step, four
+   times: before, between and after the three rounds, so the machine's slow and fast spells fall on the
+   profile as on the runs. Then `kvadmit profile --average` writes their mean (the decode grid kept as
+   measured: a table the simulator reads) with `--serving-log` the probes' logs: what each of their
+   decode steps took beyond the executor's time for that batch (the serving stack: HTTP and streaming
+   threads and the client on the same two cores), fitted as a + b × running requests and added to
+   every step.
 2. Three workloads, not used above: each runs against a fresh `kvadmit serve` (the default model, the
    same scheduler flags the simulation gets, --decode-log-interval 1 so every step prints a line, and
    --trace-requests) under `kvadmit bench --output-details`. Then two replays:
@@ -30,7 +31,7 @@
 Before each measured run the server gets a few settling requests (a fresh process runs its first steps
 many times slower) and its cache is flushed; the logs and traces are compared from the measured run on.
 
-Run: python benchmarks/sim_fidelity.py [--out DIR]   (about 13 minutes on 2 shared cores)
+Run: python benchmarks/sim_fidelity.py [--out DIR]   (about 15 minutes on 2 shared cores)
      python benchmarks/sim_fidelity.py --kept DIR       (simulate again against DIR's real runs)
 """
 
@@ -303,9 +304,6 @@ def main() -> None:
         fit = json.loads(cost.read_text(encoding="utf-8"))["fit"]
         fit_line = (f"fit error: decode {fit['decode_mean_abs_error_pct']}% mean (kept from {out}; "
                     "the load averages below are of this re-simulation, not of the real runs)")  # fmt: skip
-    else:
-        _, probe_log = real_run(PROBE, out)
-        (out / "probe.serving.log").write_text("\n".join(probe_log) + "\n", encoding="utf-8")
 
     # Each workload runs ROUNDS times on the real server, the rounds in turn (A B C, A B C, A B C), so the
     # machine's drift falls on all: the simulation is compared with the median of the runs (a run that a
@@ -313,15 +311,23 @@ def main() -> None:
     # engine moves from one run to the next. The executor is profiled before, between and after the
     # rounds, and the simulation reads the mean of those profiles: profiled once, minutes away from the
     # runs, a shared machine's slow or fast spell is taken for its speed (two profiles a minute apart
-    # differed by 8–12% at every batch size here).
+    # differed by 8–12% at every batch size here). The probe runs in every round too, and the serving
+    # stack is fitted over all the probes' steps against that mean: a single probe once ran in a slow
+    # spell, its steps 20% slower than every profile, and the stack came out at 21 ms a step, not 3-6.
     runs: dict[tuple[str, int], tuple[Path, list[str]]] = {}
     profiles = [out / f"profile-{rnd}.json" for rnd in range(1, ROUNDS + 2)]
+    serving_logs: list[Path] = []
     for rnd in range(1, ROUNDS + 2):
         if not ns.kept:
             profile_executor(profiles[rnd - 1], out)
             loads.append(load())
         if rnd > ROUNDS:
             break
+        if not ns.kept:
+            probe = in_round(PROBE, rnd)
+            _, probe_log = real_run(probe, out)
+            serving_logs.append(out / f"{slug(probe.name)}.serving.log")
+            serving_logs[-1].write_text("\n".join(probe_log) + "\n", encoding="utf-8")
         for w in WORKLOADS:
             ww = in_round(w, rnd)
             if ns.kept and not (out / f"{slug(ww.name)}.bench.jsonl").is_file():
@@ -330,7 +336,7 @@ def main() -> None:
             loads.append(load())
     if not ns.kept:
         mean = [*KVADMIT, "profile", "--average", *map(str, profiles), "--serving-log",
-                str(out / "probe.serving.log"), "-o", str(cost)]  # fmt: skip
+                *map(str, serving_logs), "-o", str(cost)]  # fmt: skip
         profile_text = run(mean, out / "profile.stderr")
         fit_line = "; ".join(
             x for x in profile_text.splitlines() if x.startswith(("fit error", "averaged", "serving stack"))

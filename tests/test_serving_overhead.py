@@ -3,6 +3,7 @@ logs here are written with the server's own line formats; the expected fit is wo
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -37,7 +38,7 @@ def test_each_logged_step_minus_the_executor_time_fits_a_plus_b_per_request() ->
         lines += [decode(b, 102 + 0.5 * b), decode(b, 102 + 0.5 * b)]
     lines += [prefill(), decode(6, 5000.0)]  # covers the prefill too: left out
     lines += ['INFO:     127.0.0.1:1 - "POST /generate HTTP/1.1" 200 OK', decode(6, 105.0)]
-    oh = measure_overhead(lines, COST)
+    oh = measure_overhead([lines], COST)
     assert oh.steps == 9  # the 8 lines of the pairs, and the last (an access line between is no step)
     # (gen throughput is logged with two decimals: the step times come back to within ~0.01 ms)
     assert oh.base_ms == pytest.approx(2.0, abs=0.05) and oh.per_request_ms == pytest.approx(0.5, abs=0.005)
@@ -50,7 +51,7 @@ def test_the_overhead_goes_into_every_step_of_the_cost_model() -> None:
     cost = CostModel(DecodeCost(base_ms=9.0, per_request_ms=1.0, table=table),
                      PrefillCost(base_ms=1.0, tokens_per_s=1000.0, per_request_ms=0.5))  # fmt: skip
     lines = [decode(1, 13.0, 100)] * 4 + [decode(4, 24.5, 400)] * 4  # gen throughputs 76.92 and 163.27
-    oh = measure_overhead(lines, cost)  # residuals: 3 ms at 1 request, 4.5 at 4 → 2.5 + 0.5 × B
+    oh = measure_overhead([lines], cost)  # residuals: 3 ms at 1 request, 4.5 at 4 → 2.5 + 0.5 × B
     assert oh.base_ms == pytest.approx(2.5, abs=0.01) and oh.per_request_ms == pytest.approx(0.5, abs=0.005)
     out = add_overhead(cost, oh, "serve.log")
     assert out.decode.table is not None
@@ -64,13 +65,13 @@ def test_the_overhead_goes_into_every_step_of_the_cost_model() -> None:
 
 
 def test_one_batch_size_gives_a_constant() -> None:
-    oh = measure_overhead([decode(3, 104.0)] * 6, COST)
+    oh = measure_overhead([[decode(3, 104.0)] * 6], COST)
     assert oh.base_ms == pytest.approx(4.0, abs=0.05) and oh.per_request_ms == 0.0
 
 
 def test_a_log_without_consecutive_decode_lines_is_refused_with_the_fix() -> None:
     with pytest.raises(ServingOverheadError, match="--decode-log-interval 1"):
-        measure_overhead([decode(2, 50.0), prefill(), decode(2, 50.0)], COST)
+        measure_overhead([[decode(2, 50.0), prefill(), decode(2, 50.0)]], COST)
 
 
 def test_the_cli_refuses_an_unreadable_serving_log_before_measuring(tmp_path: Path) -> None:
@@ -85,14 +86,51 @@ def test_the_fit_is_of_medians_per_batch_size_and_never_negative() -> None:
     # 4 requests: residuals 3, 3, 3 and one step 900 ms slow (the machine's other work): the median is 3.
     lines = [decode(4, 103.0)] * 4 + [decode(4, 1000.0), decode(4, 103.0)]
     lines += [decode(8, 105.0)] * 5  # 8 requests: 5
-    oh = measure_overhead(lines, COST)
+    oh = measure_overhead([lines], COST)
     assert oh.base_ms == pytest.approx(1.0, abs=0.05) and oh.per_request_ms == pytest.approx(0.5, abs=0.01)
     # Residuals 1 ms at 10 requests (5 steps: the first line has no decode line before it), 11 ms at 20
     # (6 steps): the line's intercept (−9) is below 0, so the fit goes through the origin instead:
     # b = Σ w·B·m / Σ w·B² = (5·10·1 + 6·20·11) / (5·100 + 6·400) = 1370 / 2900 = 0.4724.
     lines = [decode(10, 101.0)] * 6 + [decode(20, 111.0)] * 6
-    oh = measure_overhead(lines, COST)
+    oh = measure_overhead([lines], COST)
     assert oh.base_ms == 0.0 and oh.per_request_ms == pytest.approx(1370 / 2900, abs=0.002)
     # A server faster than the profile (negative residuals) adds nothing.
-    oh = measure_overhead([decode(3, 90.0)] * 6, COST)
+    oh = measure_overhead([[decode(3, 90.0)] * 6], COST)
     assert oh.base_ms == 0.0 and oh.ms(3) == 0.0
+
+
+def test_several_logs_are_read_apart_and_fitted_together() -> None:
+    # Log 1: 4 requests, residual 3 ms (5 steps after its first line); log 2 opens with a decode line
+    # 900 ms after log 1's last (another server, another time): not a step; then 8 requests, residual 5.
+    first = [decode(4, 103.0)] * 6
+    second = [decode(8, 1000.0)] + [decode(8, 105.0)] * 5
+    oh = measure_overhead([first, second], COST)
+    assert oh.steps == 10 and oh.batch_sizes == (4, 8)
+    assert oh.base_ms == pytest.approx(1.0, abs=0.05) and oh.per_request_ms == pytest.approx(0.5, abs=0.01)
+    # read as one log, the 1,000 ms line would be a step of its own
+    assert measure_overhead([first + second], COST).steps == 11
+
+
+def test_the_cli_takes_several_serving_logs(tmp_path: Path) -> None:
+    a = tmp_path / "a.json"
+    table = DecodeTable((4, 8), (100,), ((100.0,), (100.0,)))
+    model = CostModel(DecodeCost(base_ms=100.0, table=table), PrefillCost(tokens_per_s=1000.0),
+                      {"fit": {"decode_mean_abs_error_pct": 1.0, "decode_max_abs_error_pct": 1.0,
+                               "prefill_mean_abs_error_pct": 1.0, "prefill_max_abs_error_pct": 1.0,
+                               "loop_overhead_ms": 0.2}})  # fmt: skip
+    model.write(str(a))
+    one, two = tmp_path / "one.log", tmp_path / "two.log"
+    one.write_text("\n".join([decode(4, 103.0, 400)] * 6) + "\n")
+    two.write_text("\n".join([decode(8, 1000.0, 800)] + [decode(8, 105.0, 800)] * 5) + "\n")
+    run = subprocess.run(
+        [sys.executable, "-m", "kvadmit", "profile", "--average", str(a), str(a), "--serving-log", str(one),
+         str(two)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    # (gen throughput is logged with two decimals: 1.03 + 0.497 comes back)
+    shown = (r"serving stack: ([\d.]+) \+ ([\d.]+) × running requests ms per step beyond the executor "
+             r"\(10 decode steps of .*one\.log, .*two\.log, 4–8 running\)")  # fmt: skip
+    found = re.search(shown, run.stdout)
+    assert found, run.stdout
+    assert float(found[1]) == pytest.approx(1.0, abs=0.05) and float(found[2]) == pytest.approx(0.5, abs=0.01)

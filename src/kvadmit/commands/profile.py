@@ -58,11 +58,12 @@ def profile_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[typ
                    "the same grid; taken at different times, e.g. before and after the runs they are to "
                    "predict), with how far they differ; --serving-log is then fitted against the mean",
                    )  # fmt: skip
-    p.add_argument("--serving-log", metavar="LOG", default=None,
-                   help="a log of kvadmit serve on this machine, run with --decode-log-interval 1: each "
+    p.add_argument("--serving-log", metavar="LOG", nargs="+", default=None,
+                   help="logs of kvadmit serve on this machine, run with --decode-log-interval 1: each "
                    "decode step there minus the executor's time for it is the serving stack's overhead "
                    "(HTTP, streaming, the client on the same cores), fitted as a + b × running requests "
-                   "and added to every step")  # fmt: skip
+                   "over all the logs' steps and added to every step (several logs, taken at different "
+                   "times, weigh a slow spell of the machine in one of them less)")  # fmt: skip
     p.set_defaults(func=run_profile)
 
 
@@ -73,26 +74,29 @@ def run_profile(ns: argparse.Namespace) -> int:
     from kvadmit.executor.costmodel import CostModel
     from kvadmit.executor.serving_overhead import ServingOverheadError, add_overhead, measure_overhead
 
-    serving_lines: list[str] | None = None
+    serving_logs: list[list[str]] | None = None
     if ns.serving_log is not None:
-        try:
-            serving_lines = Path(ns.serving_log).read_text(encoding="utf-8", errors="replace").splitlines()
-        except OSError as e:
-            raise UsageError(f"--serving-log: cannot read {ns.serving_log!r}: {e.strerror}") from None
-        try:  # before the minutes of measuring: a log that cannot give the overhead is refused now
-            measure_overhead(serving_lines, CostModel())
+        serving_logs = []
+        for path in ns.serving_log:
+            try:
+                serving_logs.append(Path(path).read_text(encoding="utf-8", errors="replace").splitlines())
+            except OSError as e:
+                raise UsageError(f"--serving-log: cannot read {path!r}: {e.strerror}") from None
+        logs_named = ", ".join(ns.serving_log)
+        try:  # before the minutes of measuring: logs that cannot give the overhead are refused now
+            measure_overhead(serving_logs, CostModel())
         except ServingOverheadError as e:
-            raise UsageError(f"--serving-log {ns.serving_log}: {e}") from None
+            raise UsageError(f"--serving-log {logs_named}: {e}") from None
     cost = _averaged(ns) if ns.average is not None else _measured(ns)
-    if serving_lines is not None:
+    if serving_logs is not None:
         try:
-            overhead = measure_overhead(serving_lines, cost)
+            overhead = measure_overhead(serving_logs, cost)
         except ServingOverheadError as e:
-            raise UsageError(f"--serving-log {ns.serving_log}: {e}") from None
-        cost = add_overhead(cost, overhead, Path(ns.serving_log).name)
+            raise UsageError(f"--serving-log {logs_named}: {e}") from None
+        cost = add_overhead(cost, overhead, ", ".join(Path(x).name for x in ns.serving_log))
         print(
             f"serving stack: {overhead.base_ms:.2f} + {overhead.per_request_ms:.3f} × running requests ms "
-            f"per step beyond the executor ({overhead.steps} decode steps of {ns.serving_log}, "
+            f"per step beyond the executor ({overhead.steps} decode steps of {logs_named}, "
             f"{overhead.batch_sizes[0]}–{overhead.batch_sizes[1]} running), added to every step"
         )
     fit = cost.meta["fit"]

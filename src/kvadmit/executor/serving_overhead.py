@@ -19,7 +19,7 @@ step, and to every prefill step as a + b × its requests (a prefill streams one 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -65,12 +65,15 @@ def logged_steps(lines: Iterable[str]) -> Iterator[tuple[int, int, float]]:
         after_decode = True
 
 
-def measure_overhead(lines: Iterable[str], cost: CostModel) -> ServingOverhead:
+def measure_overhead(logs: Sequence[Iterable[str]], cost: CostModel) -> ServingOverhead:
+    """The overhead over the steps of one or more logs (each read apart: a log's first decode line never
+    counts as a step after another log's last)."""
     batch: list[float] = []
     residual: list[float] = []
-    for running, tokens, ms in logged_steps(lines):
-        batch.append(running)
-        residual.append(ms - 1000 * cost.decode.seconds(running, tokens))
+    for lines in logs:
+        for running, tokens, ms in logged_steps(lines):
+            batch.append(running)
+            residual.append(ms - 1000 * cost.decode.seconds(running, tokens))
     if len(residual) < MIN_STEPS:
         raise ServingOverheadError(
             f"only {len(residual)} decode steps logged right after another decode step (at least "
