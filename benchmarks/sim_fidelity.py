@@ -320,13 +320,10 @@ def main() -> None:
     runs: dict[tuple[str, int], tuple[Path, list[str]]] = {}
     profiles = [out / f"profile-{rnd}.json" for rnd in range(1, ROUNDS + 2)]
     serving_logs: list[Path] = []
-    for rnd in range(1, ROUNDS + 2):
+    for rnd in range(1, ROUNDS + 1):
         if not ns.kept:
             profile_executor(profiles[rnd - 1], out)
             loads.append(load())
-        if rnd > ROUNDS:
-            break
-        if not ns.kept:
             probe = in_round(PROBE, rnd)
             _, probe_log = real_run(probe, out)
             serving_logs.append(out / f"{slug(probe.name)}.serving.log")
@@ -338,6 +335,8 @@ def main() -> None:
             runs[(w.name, rnd)] = real_or_kept(ww, out)
             loads.append(load())
     if not ns.kept:
+        profile_executor(profiles[-1], out)  # after the last round
+        loads.append(load())
         mean = [*KVADMIT, "profile", "--average", *map(str, profiles), "--serving-log",
                 *map(str, serving_logs), "-o", str(cost)]  # fmt: skip
         profile_text = run(mean, out / "profile.stderr")
@@ -345,10 +344,9 @@ def main() -> None:
             x for x in profile_text.splitlines() if x.startswith(("fit error", "averaged", "serving stack"))
         )
     latency_ms, latency_source = request_latency_ms(out)
-    model = json.loads(cost.read_text(encoding="utf-8"))
-    dtype = next((n.split("dtype ")[-1] for n in model["notes"] if "dtype" in n), "?")
-    loop_ms = model["fit"].get("loop_overhead_ms", 0.0)
     cost_model = CostModel.from_file(str(cost))
+    dtype = next((n.split("dtype ")[-1] for n in cost_model.meta["notes"] if "dtype" in n), "?")
+    loop_ms = cost_model.meta["fit"].get("loop_overhead_ms", 0.0)
 
     rows, notes = [], []
     for w in WORKLOADS:

@@ -45,15 +45,17 @@ def _spread_pct(tables: list[DecodeTable], mean: DecodeTable) -> tuple[float, fl
     return 100 * _mean(per_point), 100 * max(per_point)
 
 
-def _check(models: list[CostModel], sources: list[str]) -> None:
+def _tables(models: list[CostModel], sources: list[str]) -> list[DecodeTable]:
+    """The profiles' decode tables, once each profile is checked fit to average with the first."""
     if len(models) < 2:
         raise ProfileAverageError(f"averaging needs at least two profiles, got {len(models)}")
+    tables: list[DecodeTable] = []
     for model, source in zip(models, sources, strict=True):
-        if model.decode.table is None:
+        table, d = model.decode.table, model.decode
+        if table is None:
             raise ProfileAverageError(
                 f"{source} has no measured decode table: not written by kvadmit profile"
             )
-        d = model.decode
         if d.compute_per_request_ms or d.compute_per_kv_token_ms or model.prefill.memory_ms:
             raise ProfileAverageError(
                 f"{source} has roofline terms (compute, memory): not a measured profile"
@@ -63,23 +65,20 @@ def _check(models: list[CostModel], sources: list[str]) -> None:
                 f"{source} already has a serving-stack overhead (--serving-log): average profiles of the "
                 "bare executor and give --serving-log to the average"
             )
-    first, first_source = models[0].decode.table, sources[0]
-    assert first is not None
-    for model, source in zip(models[1:], sources[1:], strict=True):
-        table = model.decode.table
-        assert table is not None
+        first = tables[0] if tables else table
         if (table.batch_sizes, table.context_lens) != (first.batch_sizes, first.context_lens):
             raise ProfileAverageError(
                 f"{source} measured batch sizes {list(table.batch_sizes)} × context lengths "
-                f"{list(table.context_lens)}, {first_source} {list(first.batch_sizes)} × "
+                f"{list(table.context_lens)}, {sources[0]} {list(first.batch_sizes)} × "
                 f"{list(first.context_lens)}: profiles to average must measure the same grid"
             )
+        tables.append(table)
+    return tables
 
 
 def average_profiles(models: list[CostModel], sources: list[str]) -> CostModel:
     """The mean of `models` (profiles of the same grid, named `sources` in errors and notes)."""
-    _check(models, sources)
-    tables = [m.decode.table for m in models if m.decode.table is not None]
+    tables = _tables(models, sources)
     table = _mean_table(tables)
     decode_fields = [f.name for f in fields(DecodeCost) if f.name != "table"]
     decode = replace(
@@ -89,7 +88,7 @@ def average_profiles(models: list[CostModel], sources: list[str]) -> CostModel:
     ms_per_token = _mean([1000 / m.prefill.tokens_per_s for m in models])
     prefill = PrefillCost(
         base_ms=_mean([m.prefill.base_ms for m in models]),
-        tokens_per_s=1000 / ms_per_token if ms_per_token > 0 else 1e12,
+        tokens_per_s=1000 / ms_per_token,  # > 0: every tokens_per_s is finite and > 0
         per_request_ms=_mean([m.prefill.per_request_ms for m in models]),
         per_cached_token_ms=_mean([m.prefill.per_cached_token_ms for m in models]),
     )
