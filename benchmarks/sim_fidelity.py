@@ -163,7 +163,8 @@ def real_run(w: Workload, out: Path) -> tuple[Path, list[str]]:
     trace = out / f"{slug(w.name)}.trace.jsonl"
     with open(server_err, "w", encoding="utf-8") as err:
         proc = subprocess.Popen([*KVADMIT, "serve", "--port", str(port), "--log-file", str(server_log),
-                                 "--trace-requests", str(trace), *LOG_EVERY_STEP, *w.server],
+                                 "--trace-requests", str(trace), "--trace-steps", str(steps_file(w, out)),
+                                 *LOG_EVERY_STEP, *w.server],
                                 stdout=err, stderr=err)  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
@@ -186,6 +187,11 @@ def real_run(w: Workload, out: Path) -> tuple[Path, list[str]]:
         except subprocess.TimeoutExpired:
             proc.kill()
     return kept_run(w, out)
+
+
+def steps_file(w: Workload, out: Path, tag: str = "served") -> Path:
+    """A run's --trace-steps file: the server's, or its by-step replay's."""
+    return out / f"{slug(w.name)}.{tag}-steps.jsonl"
 
 
 def kept_run(w: Workload, out: Path) -> tuple[Path, list[str]]:
@@ -215,7 +221,8 @@ def step_replay(w: Workload, trace: Path, cost: Path, out: Path) -> list[str]:
     """The measured run's trace replayed step by step; the simulated log's lines."""
     log = out / f"{slug(w.name)}.sim-step.log"
     run([*KVADMIT, "simulate", "--replay", str(trace), "--replay-arrival", "step", "--cost-model", str(cost),
-         "--context-length", "8192", "--log-file", str(log), *LOG_EVERY_STEP, *w.server],
+         "--context-length", "8192", "--log-file", str(log), "--trace-steps", str(steps_file(w, out, "sim")),
+         *LOG_EVERY_STEP, *w.server],
         out / "sim.stderr")  # fmt: skip
     return log.read_text(encoding="utf-8").splitlines()
 

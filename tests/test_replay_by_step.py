@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import random
 import subprocess
@@ -31,12 +32,15 @@ def serve_and_trace(
     prompt: Callable[[int], str] = lambda i: f"{i:04d}" * 10,
     waves: int = 1,
     abort_every: int = 0,
+    trace_steps: Path | None = None,
 ) -> tuple[list[str], Path]:
     """Requests to `serve --simulate` (1 ms decode steps) at random moments within `spread_s`, in `waves`
     separated by an idle engine; with `abort_every` k, every k-th client gives up after 20 ms."""
     cost = write_cost_model(tmp_path / "cost.json", decode_ms=1.0)
     trace = tmp_path / "trace.jsonl"
     argv = ["--simulate", cost, *flags, "--trace-requests", str(trace)]
+    if trace_steps is not None:
+        argv += ["--trace-steps", str(trace_steps)]
     with running_server(argv) as srv:
 
         async def one(i: int, client: httpx.AsyncClient) -> None:
@@ -63,12 +67,12 @@ def serve_and_trace(
 
 
 def simulate_by_step(
-    trace: Path, tmp_path: Path, flags: list[str] = FLAGS
+    trace: Path, tmp_path: Path, flags: list[str] = FLAGS, extra: tuple[str, ...] = ()
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "kvadmit", "simulate", "--replay", str(trace), "--replay-arrival", "step",
          "--cost-model", str(tmp_path / "cost.json"), "--context-length", "8192",
-         "--log-file", str(tmp_path / "sim.log"), *flags],
+         "--log-file", str(tmp_path / "sim.log"), *flags, *extra],
         capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
 
@@ -91,6 +95,29 @@ def test_a_server_trace_replayed_by_step_makes_the_same_decisions(tmp_path: Path
     result = compare(real, sim)
     assert result.identical, result.describe()
     assert sum(r["retractions"] for r in rows) == sum(v[0] for k, v in real if k == "retract")
+
+
+STATE = ("kind", "batch_size", "new_tokens", "cached_tokens", "running", "queue", "used_tokens",
+         "new_token_ratio")  # fmt: skip
+
+
+def test_the_servers_step_trace_and_its_replays_compare_one_to_one(tmp_path: Path) -> None:
+    """`serve --trace-steps` and `simulate --trace-steps` of its replay by step: the same steps, row for
+    row (batch and state after it); the server's executor part is the cost model's time for that batch
+    (the simulated executor in real time), and each served step took at least that long."""
+    served = tmp_path / "served-steps.jsonl"
+    _, trace = serve_and_trace(tmp_path, n=40, spread_s=0.4, trace_steps=served, waves=2)
+    run = simulate_by_step(trace, tmp_path, extra=("--trace-steps", str(tmp_path / "sim-steps.jsonl")))
+    assert run.returncode == 0, run.stderr
+    real = [json.loads(x) for x in served.read_text().splitlines()]
+    sim = [json.loads(x) for x in (tmp_path / "sim-steps.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in real] == list(range(1, len(real) + 1)) and len(real) > 40
+    assert [r["step"] for r in sim] == [r["step"] for r in real]
+    assert any(r["kind"] == "prefill" for r in real) and any(r["kind"] == "decode" for r in real)
+    for a, b in zip(real, sim, strict=True):
+        assert {k: a[k] for k in STATE} == {k: b[k] for k in STATE}, (a, b)
+        assert a["forward_s"] == b["seconds"] and a["seconds"] >= a["forward_s"] > 0
+    assert all(b["t"] > a["t"] for a, b in itertools.pairwise(real))
 
 
 def test_pages_chunks_shared_prefixes_and_idle_passes_replay_step_for_step(tmp_path: Path) -> None:

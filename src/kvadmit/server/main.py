@@ -50,6 +50,10 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
                    help="write one JSON line per request as it ends: when the engine received it (time and "
                    "step), its lengths and prompt ids; `kvadmit simulate --replay FILE` runs it again, "
                    "with --replay-arrival step step for step")  # fmt: skip
+    g.add_argument("--trace-steps", metavar="FILE", default=None,
+                   help="write one JSON line per step: its batch, its measured time (and the executor's "
+                   "part of it), the state after it: the fields `kvadmit simulate --trace-steps` "
+                   "writes")  # fmt: skip
     g.add_argument("--simulate", metavar="COST_MODEL", default=None,
                    help="serve a predicted GPU: the simulated executor in real time with this cost model "
                    "(a JSON file or a preset such as h100:llama-3-8b), no weights needed")  # fmt: skip
@@ -68,6 +72,17 @@ def _setup_logging(level: str, log_file: str | None) -> None:
     for h in handlers:
         root.addHandler(h)
     root.propagate = False
+
+
+def _trace_file(path: str | None, flag: str) -> Any:
+    if path is None:
+        return None
+    from kvadmit.server.traces import TraceFile
+
+    try:
+        return TraceFile(path, flag)
+    except OSError as e:
+        raise UsageError(f"{flag}: cannot write {path!r}: {e.strerror}") from None
 
 
 def build_state(ns: argparse.Namespace, args: ServerArgs) -> Any:
@@ -103,16 +118,11 @@ def build_state(ns: argparse.Namespace, args: ServerArgs) -> Any:
     if ns.enable_metrics:
         metrics = ServerMetrics(name, backend.pool_size, args.page_size, backend.context_len)
     emit = logging.getLogger("kvadmit.server").info
-    trace = None
-    if ns.trace_requests:
-        from kvadmit.server.request_trace import RequestTrace
-
-        try:
-            trace = RequestTrace(ns.trace_requests)
-        except OSError as e:
-            raise UsageError(f"--trace-requests: cannot write {ns.trace_requests!r}: {e.strerror}") from None
-    runner = EngineRunner(backend, args, metrics=metrics, emit_log=emit, watchdog_timeout=ns.watchdog_timeout,
-                          trace=trace)  # fmt: skip
+    runner = EngineRunner(
+        backend, args, metrics=metrics, emit_log=emit, watchdog_timeout=ns.watchdog_timeout,
+        request_trace=_trace_file(ns.trace_requests, "--trace-requests"),
+        step_trace=_trace_file(ns.trace_steps, "--trace-steps"),
+    )  # fmt: skip
     resolved = {k: v for k, v in asdict(args).items() if k != "knobs"}
     resolved.update(
         model_path=backend.model_path, tokenizer_path=backend.tokenizer_path, host=ns.host, port=ns.port,

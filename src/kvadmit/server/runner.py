@@ -22,7 +22,9 @@ from typing import Any, TypeVar
 
 from kvadmit.config import ServerArgs
 from kvadmit.engine import Engine, WallClock
+from kvadmit.executor.base import StepResult
 from kvadmit.observe.sglang_log import SGLangLogWriter
+from kvadmit.observe.step_trace import step_row
 from kvadmit.request import FinishKind, Req, SamplingLimits
 from kvadmit.sampling_params import SamplingParams
 from kvadmit.scheduler.events import StartupInfo
@@ -30,7 +32,7 @@ from kvadmit.scheduler.scheduler import Scheduler
 from kvadmit.scheduler.types import ScheduledBatch
 from kvadmit.server.backend import Backend
 from kvadmit.server.metrics import ServerMetrics
-from kvadmit.server.request_trace import RequestTrace
+from kvadmit.server.traces import TraceFile
 
 T = TypeVar("T")
 SHUTDOWN_MESSAGE = "The server is shutting down."
@@ -133,11 +135,13 @@ class EngineRunner:
         metrics: ServerMetrics | None = None,
         emit_log: Callable[[str], None] | None = None,
         watchdog_timeout: float = 300.0,
-        trace: RequestTrace | None = None,
+        request_trace: TraceFile | None = None,
+        step_trace: TraceFile | None = None,
     ) -> None:
         self.backend = backend
-        self.trace = trace
-        self.started = time.monotonic()  # --trace-requests' arrival times: never out of receipt order
+        self.request_trace = request_trace
+        self.step_trace = step_trace
+        self.started = time.monotonic()  # the traces' times: never out of receipt order
         self.args = args
         self.metrics = metrics
         self.watchdog_timeout = watchdog_timeout
@@ -176,6 +180,9 @@ class EngineRunner:
         if metrics is not None:
             observers.append(metrics.on_event)
             step_observers.append(metrics.on_step)
+        if step_trace is not None:
+            step_observers.append(self._note_step)
+        self._step_row: dict[str, object] | None = None  # the step that ran, its times still to come
         self.engine = Engine(self.scheduler, backend.executor, WallClock(), self, observers, step_observers)
         self._live: dict[str, _Live] = {}
         self._commands: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
@@ -271,12 +278,15 @@ class EngineRunner:
                 self._outbox.flush()
                 if self._stopping:
                     break
+                begun = time.monotonic()
                 if self.engine.step():
                     self.steps += 1
                     self._idle = False
-                    self.last_progress = time.monotonic()
                     self._idle_published = False
                     self._outbox.flush()
+                    self.last_progress = time.monotonic()
+                    if self._step_row is not None:
+                        self._trace_step(begun, self.last_progress)
                     continue
                 self._idle = True
                 self.last_progress = time.monotonic()
@@ -296,6 +306,17 @@ class EngineRunner:
                 self._closed = True
                 self._run_commands()
                 self._outbox.flush()
+
+    def _note_step(self, batch: ScheduledBatch, result: StepResult, now: float) -> None:
+        """--trace-steps: the batch and the state after it, read as the step ends (inside engine.step)."""
+        self._step_row = step_row(self.scheduler, batch, self.steps + 1, 0.0, 0.0)
+        self._step_row["forward_s"] = round(result.seconds, 9)
+
+    def _trace_step(self, begun: float, ended: float) -> None:
+        assert self.step_trace is not None and self._step_row is not None
+        row, self._step_row = self._step_row, None
+        row.update(t=round(ended - self.started, 6), seconds=round(ended - begun, 9))
+        self.step_trace.write(row)
 
     def _run_commands(self) -> None:
         while True:
@@ -407,13 +428,13 @@ class EngineRunner:
         if self.metrics is not None:
             self.metrics.forget(rid)
         self._outbox.put(live.job.stream, finished)
-        if self.trace is not None:
-            self._trace(live, finished)
+        if self.request_trace is not None:
+            self._trace_request(live, finished)
 
-    def _trace(self, live: _Live, finished: Finished) -> None:
-        assert self.trace is not None
+    def _trace_request(self, live: _Live, finished: Finished) -> None:
+        assert self.request_trace is not None
         req, job = live.req, live.job
-        self.trace.write({
+        self.request_trace.write({
             "seq": live.seq, "rid": live.job.rid, "arrival": round(live.arrival, 6),
             "arrival_step": live.arrival_step, "after_idle": live.after_idle,
             "http_ms": round(1000 * (job.handed - job.received), 3),  # to the hand-over

@@ -4,6 +4,7 @@ bench_serving-like client, printing SGLang's log lines and returning what bench_
 from __future__ import annotations
 
 import gc
+import itertools
 import json
 from collections import deque
 from collections.abc import Callable
@@ -18,6 +19,7 @@ from kvadmit.executor.base import StepResult
 from kvadmit.executor.costmodel import CostModel
 from kvadmit.executor.simulated import EOS_TOKEN_ID, SimulatedExecutor
 from kvadmit.observe.sglang_log import SGLangLogWriter
+from kvadmit.observe.step_trace import step_row
 from kvadmit.scheduler.events import Event, Retraction, StartupInfo
 from kvadmit.scheduler.scheduler import ScheduledBatch, Scheduler
 from kvadmit.sim.client import SimClient
@@ -132,10 +134,12 @@ def _simulate(
         )
     step_observers = list(watch_steps)
     if step_trace is not None:
+        numbers = itertools.count(1)
 
         def trace(batch: ScheduledBatch, result: StepResult, now: float) -> None:
             assert step_trace is not None
-            step_trace.write(json.dumps(_step_row(scheduler, batch, result, now)) + "\n")
+            row = step_row(scheduler, batch, next(numbers), now, result.seconds)
+            step_trace.write(json.dumps(row) + "\n")
 
         step_observers.append(trace)
     engine = Engine(scheduler, executor, clock, client, observers, step_observers)
@@ -279,21 +283,3 @@ def _finish(
         scheduler=scheduler,
         finished_rids=client.finished_rids,
     )
-
-
-def _step_row(sched: Scheduler, batch: ScheduledBatch, result: StepResult, t: float) -> dict[str, object]:
-    """One row of the per-step trace: what ran, how long it took, and the state after it."""
-    return {
-        "t": round(t, 6),
-        "kind": batch.kind,
-        "batch_size": len(batch.reqs),
-        "new_tokens": sum(r.extend_input_len for r in batch.reqs)
-        if batch.kind == "prefill"
-        else len(batch.reqs),
-        "cached_tokens": sum(r.prefix_len for r in batch.reqs) if batch.kind == "prefill" else 0,
-        "seconds": round(result.seconds, 9),
-        "running": len(sched.running.reqs),
-        "queue": len(sched.waiting),
-        "used_tokens": sched.num_used_tokens(),
-        "new_token_ratio": sched.ratio.current,
-    }

@@ -1,5 +1,7 @@
-"""`kvadmit serve --trace-requests FILE`: one JSON line per request as it ends, with what `kvadmit
-simulate --replay` needs to run the same requests again, by their times or step by step.
+"""The JSON-lines files `kvadmit serve` writes. `--trace-steps FILE`: one line per step, the fields
+`kvadmit simulate --trace-steps` writes (observe/step_trace.py). `--trace-requests FILE`: one line per
+request as it ends, with what `kvadmit simulate --replay` needs to run the same requests again, by their
+times or step by step:
 
     seq           the order the engine received requests in (0, 1, …)
     rid           the request's id
@@ -16,7 +18,7 @@ simulate --replay` needs to run the same requests again, by their times or step 
     prompt_len, input_ids, max_new_tokens (as the scheduler capped it), ignore_eos
     output_len    the tokens it generated; finish: stop, length or abort; cached_tokens; retractions
 
-The file is written line by line (a run cut short keeps every request that ended before the cut).
+Both are written line by line (a run cut short keeps every row written before the cut).
 """
 
 from __future__ import annotations
@@ -28,9 +30,10 @@ from typing import IO, Any
 log = logging.getLogger("kvadmit.server")
 
 
-class RequestTrace:
-    def __init__(self, path: str) -> None:
+class TraceFile:
+    def __init__(self, path: str, flag: str) -> None:
         self.path = path
+        self.flag = flag  # named in its error
         self._file: IO[str] | None = open(path, "w", encoding="utf-8", buffering=1)  # noqa: SIM115 (kept open)
 
     def write(self, row: dict[str, Any]) -> None:
@@ -40,7 +43,7 @@ class RequestTrace:
         try:
             self._file.write(json.dumps(row, separators=(",", ":")) + "\n")
         except OSError as e:
-            log.error("--trace-requests: writing %s failed (%s); the trace stops here", self.path, e.strerror)
+            log.error("%s: writing %s failed (%s); the trace stops here", self.flag, self.path, e.strerror)
             self._file = None
 
     def close(self) -> None:
