@@ -1,6 +1,6 @@
 """How well `kvadmit simulate` predicts the real engine: the same requests, real and replayed.
 
-1. Profile: a probe workload (not one of the three below: 48 requests, concurrency 24) runs through a
+1. Profile: a probe workload (not one of the four below: 48 requests, concurrency 24) runs through a
    fresh `kvadmit serve` that logs every step, once in each round of real runs (below). `kvadmit
    profile` times the real executor (the default model, the dtype `serve` picks) over a grid of decode
    batch sizes × context lengths and prefill sizes, plus the engine loop's own time per step, four
@@ -10,9 +10,11 @@
    decode steps took beyond the executor's time for that batch (the serving stack: HTTP and streaming
    threads and the client on the same two cores), fitted as a + b × running requests and added to
    every step.
-2. Three workloads, not used above: each runs against a fresh `kvadmit serve` (the default model, the
-   same scheduler flags the simulation gets, --decode-log-interval 1 so every step prints a line, and
-   --trace-requests) under `kvadmit bench --output-details`. Then two replays:
+2. Four workloads, not used above (the fourth, D, is B's requests at three times B's rate, past what
+   this machine's engine keeps up with: how far TTFT there follows the machine's drift): each runs
+   against a fresh `kvadmit serve` (the default model, the same scheduler flags the simulation gets,
+   --decode-log-interval 1 so every step prints a line, --trace-requests and --trace-steps) under
+   `kvadmit bench --output-details`. Then two replays:
    * by time: the bench file replayed by `kvadmit simulate --replay` (each request made when the client
      made it, sent when the run's --max-concurrency allows, with its real output length, seen by the
      scheduler --request-latency-ms after it was sent): the timing columns, and how far the decisions
@@ -20,18 +22,20 @@
    * by step: the server's own trace replayed with `--replay-arrival step` (each request handed to the
      scheduler right after the step it followed on the server, with its prompt ids and output length):
      every decision line of both logs compared field by field — the scheduler's fidelity, apart from
-     the clock.
+     the clock — and, the batches being the same, each step's time on the server (--trace-steps)
+     against the cost model's for it.
 3. Compared per workload: decisions (Prefill batch, Decode batch and retraction lines without times and
    throughputs), median TTFT, mean TPOT and output throughput (% error), and retractions. Each workload
    runs three times on the real server (rounds A B C, A B C, A B C, so the machine's drift falls on
    all): the times are compared with the median of the three, their spread shows how far the real
-   engine itself moves between runs of the same requests, and each run's decode steps against the cost
-   model show how fast the machine was in that run compared with the profiles.
+   engine itself moves between runs of the same requests, and each run's prefill and decode steps
+   against the cost model's times for the same batches show how fast the machine was in that run
+   compared with the profiles.
 
 Before each measured run the server gets a few settling requests (a fresh process runs its first steps
 many times slower) and its cache is flushed; the logs and traces are compared from the measured run on.
 
-Run: python benchmarks/sim_fidelity.py [--out DIR]   (about 17 minutes on 2 shared cores)
+Run: python benchmarks/sim_fidelity.py [--out DIR]   (about 28 minutes on 2 shared cores)
      python benchmarks/sim_fidelity.py --kept DIR       (simulate again against DIR's real runs)
 """
 
@@ -56,7 +60,6 @@ from pathlib import Path
 import httpx
 
 from kvadmit.executor.costmodel import CostModel
-from kvadmit.executor.serving_overhead import logged_steps
 from kvadmit.observe.decisions import Decision, compare, decisions
 from machine import cpu_model
 
@@ -116,6 +119,9 @@ PROBE = Workload(
     ["--num-prompts", "48", "--random-input-len", "128", "--random-output-len", "48",
      "--random-range-ratio", "0.25", "--max-concurrency", "24", "--seed", "100"],
 )  # fmt: skip
+EARLY_STOPS = ["--num-prompts", "24", "--random-input-len", "128", "--random-output-len", "96",
+               "--random-range-ratio", "0.25", "--seed", "2",
+               "--extra-request-body", stop_at_newline(96)]  # fmt: skip
 WORKLOADS = [
     Workload(
         "A steady", "20 × (64–256 + 24–48), ignore_eos, concurrency 4",
@@ -124,17 +130,24 @@ WORKLOADS = [
          "--random-range-ratio", "0.25", "--max-concurrency", "4", "--seed", "1"],
     ),
     Workload(
-        "B early stops", "24 × (32–128 + ask 96, stop at newline), Poisson 3 req/s",
+        "B early stops", "24 × (32–128 + ask 96, stop at newline), Poisson 1 req/s",
         ["--max-total-tokens", "8192"],
-        ["--num-prompts", "24", "--random-input-len", "128", "--random-output-len", "96",
-         "--random-range-ratio", "0.25", "--request-rate", "3", "--seed", "2",
-         "--extra-request-body", stop_at_newline(96)],
+        [*EARLY_STOPS, "--request-rate", "1"],
     ),
     Workload(
         "C small pool", "16 × (28–32 + 72–80), no ignore_eos, all at once, 600-token pool",
         ["--max-total-tokens", "600"],
         ["--num-prompts", "16", "--random-input-len", "32", "--random-output-len", "80",
          "--random-range-ratio", "0.9", "--disable-ignore-eos", "--seed", "3"],
+    ),
+    # B's requests three times as fast: about 240 prompt tokens a second of an executor that prefills
+    # 230–310 here, so prefill alone takes most of the engine; each slower step lets more requests
+    # arrive, the next prefill batch grows (4–5 requests, 1.6–1.8 s), and TTFT multiplies the machine's
+    # drift: the real runs' own TTFT spread here was 10–72% (B's rows before 12:00 today were this one).
+    Workload(
+        "D past capacity", "B's 24 requests at Poisson 3 req/s: prefill alone most of the engine's time",
+        ["--max-total-tokens", "8192"],
+        [*EARLY_STOPS, "--request-rate", "3"],
     ),
 ]  # fmt: skip
 
@@ -263,11 +276,30 @@ def spread(values: list[float]) -> str:
     return f"{100 * (max(values) - min(values)) / statistics.median(values):.1f}%"
 
 
-def steps_vs_model(lines: list[str], cost: CostModel) -> str:
-    """How much slower (+) the run's decode steps were than the cost model says: the machine's speed in
-    that run against the profiles'. The median over the steps its log times alone, of logged / modelled."""
-    ratios = [ms / (1000 * cost.decode.seconds(b, k)) for b, k, ms in logged_steps(lines)]
-    return f"{100 * (statistics.median(ratios) - 1):+.0f}%" if ratios else "n/a"
+def jsonl(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines() if x]
+
+
+def steps_vs_model(w: Workload, out: Path) -> str:
+    """How much slower (+) the run's steps were than the cost model says for the very same batches: the
+    server's --trace-steps against its by-step replay's (whose decisions are the server's, so step k is
+    the same batch on both sides), the sum of each kind's step times: prefill / decode. The machine's
+    speed in that run against the profiles', and where a timing cell's error comes from."""
+    served_file, sim_file = steps_file(w, out), steps_file(w, out, "sim")
+    if not served_file.is_file() or not sim_file.is_file():
+        return "n/a"  # a kept run from before serve wrote step traces
+    base = min(r["arrival_step"] for r in jsonl(measured_trace(w, out)))  # the settling run's steps
+    served = [r for r in jsonl(served_file) if r["step"] > base]
+    sim = jsonl(sim_file)
+    same = [(a["kind"], a["batch_size"]) for a in served] == [(b["kind"], b["batch_size"]) for b in sim]
+    if not same:
+        return "steps differ"
+    cells = []
+    for kind in ("prefill", "decode"):
+        real = sum(a["seconds"] for a in served if a["kind"] == kind)
+        model = sum(b["seconds"] for b in sim if b["kind"] == kind)
+        cells.append(f"{100 * (real / model - 1):+.0f}%" if model > 0 else "none")
+    return " / ".join(cells)
 
 
 def in_round(w: Workload, rnd: int) -> Workload:
@@ -358,6 +390,8 @@ def main() -> None:
     rows, notes = [], []
     for w in WORKLOADS:
         done = [r for r in range(1, ROUNDS + 1) if (w.name, r) in runs]
+        if not done:
+            continue  # a kept run from before this workload was in the benchmark
         details, real_log = runs[(w.name, 1)]
         measured = [bench_numbers(runs[(w.name, r)][0]) for r in done]
         real = {k: statistics.median(x[k] for x in measured) for k in measured[0]}
@@ -379,7 +413,7 @@ def main() -> None:
         for key, fmt in (("ttft", "{:,.0f}"), ("tpot", "{:.1f}"), ("tput", "{:.1f}")):
             line.append(f"{fmt.format(real[key])} / {fmt.format(sim[key])} ({pct(sim[key], real[key])})")
         line.append(" / ".join(spread([x[k] for x in measured]) for k in ("ttft", "tpot", "tput")))
-        line.append(" / ".join(steps_vs_model(runs[(w.name, r)][1], cost_model) for r in done))
+        line.append("; ".join(steps_vs_model(in_round(w, r), out) for r in done))
         rows.append(line)
         notes.append(f"{w.name}: {w.describe}; decision lines: {len(real_d)} real, {len(step_d)} by step, "
                      f"{len(sim_d)} by time (run 1)")  # fmt: skip
@@ -398,11 +432,13 @@ def main() -> None:
     print("# timing cells: the median of the real runs / simulated by time, replaying run 1's requests "
           "(error); decisions by step: each real run against its own step replay (lines identical); by time "
           "and retractions: run 1; spread: (largest − smallest) / median of the real runs; steps vs model: "
-          "each real run's median decode step (those its log times alone) against the cost model's time "
-          "for that batch, + slower")  # fmt: skip
+          "each real run's step times (serve --trace-steps), summed over its prefill and its decode steps, "
+          "against the cost model's for the same batches (its by-step replay's --trace-steps), "
+          "+ slower")  # fmt: skip
     head = ["workload", "decisions by step (runs 1; 2; 3)", "decisions by time", "requests retracted real / "
             "step / time", "TTFT p50 ms", "TPOT mean ms", "out tok/s",
-            "real runs' spread: TTFT / TPOT / tok/s", "real steps vs model (runs 1 / 2 / 3)"]  # fmt: skip
+            "real runs' spread: TTFT / TPOT / tok/s",
+            "served steps vs model: prefill / decode (runs 1; 2; 3)"]  # fmt: skip
     print("| " + " | ".join(head) + " |")
     print("|" + " --- |" * len(head))
     for line in rows:
