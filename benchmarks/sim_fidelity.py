@@ -75,6 +75,9 @@ BENCH_COMMON = ["--backend", "sglang", "--dataset-name", "random-ids", "--tokeni
 # begin with the measured requests; a warm-up would also differ (its length follows --extra-request-body
 # on the server, bench_serving's 32 tokens in the simulation).
 NO_WARMUP = ["--warmup-requests", "0"]
+# The settling run before each measured one (see the module's docstring).
+SETTLE = ["--num-prompts", "6", "--random-input-len", "96", "--random-output-len", "24",
+          "--max-concurrency", "3", "--warmup-requests", "0", "--seed", "7"]  # fmt: skip
 # The simulated server sees a request this long after the client sent it: the probe's median http_ms
 # (its trace: from the HTTP request reaching the server to its hand-over to the engine thread, which
 # grows with the streams the HTTP thread serves; the wait for the step then running is the simulation's
@@ -92,8 +95,6 @@ def request_latency_ms(out: Path) -> tuple[float, str]:
     if not http:
         return REQUEST_LATENCY_MS, "assumed"
     return round(statistics.median(http), 1), f"the probe's median http_ms over {len(http)} requests"
-SETTLE = ["--num-prompts", "6", "--random-input-len", "96", "--random-output-len", "24",
-          "--max-concurrency", "3", "--warmup-requests", "0", "--seed", "7"]  # fmt: skip
 
 
 def stop_at_newline(max_new_tokens: int) -> str:
@@ -143,7 +144,7 @@ WORKLOADS = [
     # B's requests three times as fast: about 240 prompt tokens a second of an executor that prefills
     # 230–310 here, so prefill alone takes most of the engine; each slower step lets more requests
     # arrive, the next prefill batch grows (4–5 requests, 1.6–1.8 s), and TTFT multiplies the machine's
-    # drift: the real runs' own TTFT spread here was 10–72% (B's rows before 12:00 today were this one).
+    # drift: the real runs' own TTFT spread here was 10–72% (sim_fidelity.txt's earlier B rows).
     Workload(
         "D past capacity", "B's 24 requests at Poisson 3 req/s: prefill alone most of the engine's time",
         ["--max-total-tokens", "8192"],

@@ -4,6 +4,8 @@ itself, with one log line; it never raises into the engine loop (which would lea
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -30,3 +32,26 @@ def test_rows_are_one_json_line_each(tmp_path: Path) -> None:
     trace.write({"seq": 1, "rid": "b"})  # readable before close: line buffered
     assert path.read_text().splitlines() == ['{"seq":0,"rid":"a"}', '{"seq":1,"rid":"b"}']
     trace.close()
+
+
+def _serve(tmp_path: Path, *flags: str) -> subprocess.CompletedProcess[str]:
+    cost = tmp_path / "cost.json"
+    cost.write_text('{"decode": {"base_ms": 1}}')
+    return subprocess.run(
+        [sys.executable, "-m", "kvadmit", "serve", "--simulate", str(cost), "--port", "0", *flags],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+
+
+def test_one_file_for_both_traces_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    path = str(tmp_path / "t.jsonl")
+    run = _serve(tmp_path, "--trace-requests", path, "--trace-steps", path)
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    assert f"--trace-requests and --trace-steps both name {path!r}: give each its own file" in run.stderr
+    assert not Path(path).exists()
+
+
+def test_a_trace_that_cannot_be_opened_names_its_flag(tmp_path: Path) -> None:
+    run = _serve(tmp_path, "--trace-steps", str(tmp_path / "missing" / "steps.jsonl"))
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    assert "--trace-steps: cannot write" in run.stderr and "No such file or directory" in run.stderr

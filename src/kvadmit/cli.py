@@ -417,6 +417,8 @@ def _run_serve(ns: argparse.Namespace) -> int:
     from kvadmit.server.main import serve
 
     return serve(ns, server_args_from(ns))
+
+
 def _doctor_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser(
         "doctor",

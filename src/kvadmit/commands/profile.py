@@ -44,9 +44,13 @@ def profile_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[typ
         "--model-path", default=None, help="an HF folder or .gguf (default: SmolLM2-135M-Instruct)"
     )
     p.add_argument("-o", "--output", metavar="FILE", help="write the cost model (JSON) here")
-    p.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto",
-                   help="as kvadmit serve resolves it (auto: bfloat16 where the CPU computes it natively, "
-                   "else float32; bfloat16/float16 on CUDA), so the profile times the server's executor")
+    p.add_argument(
+        "--dtype",
+        choices=("auto", "float32", "bfloat16", "float16"),
+        default="auto",
+        help="as kvadmit serve resolves it (auto: bfloat16 where the CPU computes it natively, "
+        "else float32; bfloat16/float16 on CUDA), so the profile times the server's executor",
+    )
     p.add_argument("--device", default="auto", help="cpu, cuda, or auto (cuda when present), as for serve")
     for flag, default, what in GRID:
         shown = ",".join(map(str, default))
@@ -114,9 +118,7 @@ def run_profile(ns: argparse.Namespace) -> int:
             f"the mean by up to {fit['profile_spread_mean_pct']}% on average, "
             f"{fit['profile_spread_max_pct']}% at most"
         )
-    print(
-        f"engine loop: {fit['loop_overhead_ms']:.2f} ms per step beyond the executor, added to every step"
-    )
+    print(f"engine loop: {fit['loop_overhead_ms']:.2f} ms per step beyond the executor, added to every step")
     if ns.output:
         try:
             cost.write(ns.output)

@@ -154,9 +154,7 @@ def profile_model(
     overhead_ms, loop_steps = loop_overhead_ms(executor, pool, vocab)
     step_ms = {(m.requests, m.tokens): 1000 * m.seconds for m in decode}
     sizes, lens = tuple(sorted(set(batch_sizes))), tuple(sorted(set(context_lens)))
-    table = DecodeTable(
-        sizes, lens, tuple(tuple(step_ms[(b, c)] + overhead_ms for c in lens) for b in sizes)
-    )
+    table = DecodeTable(sizes, lens, tuple(tuple(step_ms[(b, c)] + overhead_ms for c in lens) for b in sizes))
     cost = CostModel(
         DecodeCost(
             base_ms=dfit.coef["one"] + overhead_ms,

@@ -1,7 +1,8 @@
 """`--trace-steps FILE`, for `kvadmit simulate` and `kvadmit serve` alike: one JSON line per step, with
 the same fields from both, so a server's steps and a replay of its requests compare one to one.
 
-    step            the step's number (1, 2, …; the server counts from its start, settling requests too)
+    step            the step's number (1, 2, …): every step since the start, those of earlier requests
+                    too (a benchmark's settling or warm-up runs)
     t               seconds since the start when the step ended
     kind            prefill or decode
     batch_size      requests in the batch
@@ -12,8 +13,9 @@ the same fields from both, so a server's steps and a replay of its requests comp
     forward_s       (served only) the executor's own part of it
     running, queue, used_tokens, new_token_ratio: the scheduler's state after the step
 
-On a busy server t minus the previous step's t is the whole cycle (the step, then the commands the
-engine ran between steps); in a simulation it equals `seconds`.
+While the engine is busy, t minus the previous step's t is the whole cycle: on a server, the commands
+the engine ran between the two steps, then this step; in a simulation, `seconds`. Across an idle spell
+it also holds the wait for the next request.
 """
 
 from __future__ import annotations

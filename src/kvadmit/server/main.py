@@ -15,10 +15,13 @@ import sys
 import threading
 import time
 from dataclasses import asdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvadmit.config import ServerArgs
 from kvadmit.errors import UsageError
+
+if TYPE_CHECKING:
+    from kvadmit.server.traces import TraceFile
 
 log = logging.getLogger("kvadmit.server")
 
@@ -74,7 +77,7 @@ def _setup_logging(level: str, log_file: str | None) -> None:
     root.propagate = False
 
 
-def _trace_file(path: str | None, flag: str) -> Any:
+def _trace_file(path: str | None, flag: str) -> TraceFile | None:
     if path is None:
         return None
     from kvadmit.server.traces import TraceFile
@@ -91,6 +94,9 @@ def build_state(ns: argparse.Namespace, args: ServerArgs) -> Any:
     from kvadmit.server.runner import EngineRunner
     from kvadmit.server.state import ServerState
 
+    if ns.trace_requests is not None and ns.trace_requests == ns.trace_steps:
+        raise UsageError(f"--trace-requests and --trace-steps both name {ns.trace_steps!r}: give each its "
+                         "own file")  # fmt: skip
     if ns.simulate:
         from kvadmit.executor.costmodel import CostModelError
 

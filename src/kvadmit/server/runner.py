@@ -285,7 +285,7 @@ class EngineRunner:
                     self._idle_published = False
                     self._outbox.flush()
                     self.last_progress = time.monotonic()
-                    if self._step_row is not None:
+                    if self.step_trace is not None:
                         self._trace_step(begun, self.last_progress)
                     continue
                 self._idle = True
@@ -309,7 +309,7 @@ class EngineRunner:
 
     def _note_step(self, batch: ScheduledBatch, result: StepResult, now: float) -> None:
         """--trace-steps: the batch and the state after it, read as the step ends (inside engine.step)."""
-        self._step_row = step_row(self.scheduler, batch, self.steps + 1, 0.0, 0.0)
+        self._step_row = step_row(self.scheduler, batch, self.steps + 1, 0.0, 0.0)  # t, seconds: below
         self._step_row["forward_s"] = round(result.seconds, 9)
 
     def _trace_step(self, begun: float, ended: float) -> None:

@@ -23,6 +23,7 @@ Both are written line by line (a run cut short keeps every row written before th
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from typing import IO, Any
@@ -44,6 +45,8 @@ class TraceFile:
             self._file.write(json.dumps(row, separators=(",", ":")) + "\n")
         except OSError as e:
             log.error("%s: writing %s failed (%s); the trace stops here", self.flag, self.path, e.strerror)
+            with contextlib.suppress(OSError):  # its buffer cannot be written either
+                self._file.close()
             self._file = None
 
     def close(self) -> None:
