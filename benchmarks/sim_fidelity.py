@@ -30,7 +30,8 @@
    all): the times are compared with the median of the three, their spread shows how far the real
    engine itself moves between runs of the same requests, and each run's prefill and decode steps
    against the cost model's times for the same batches show how fast the machine was in that run
-   compared with the profiles.
+   compared with the profiles. The by-time replay runs again with every send time moved by up to
+   ±10 ms (ten seeded draws): how far the median TTFT moves with where arrivals land in steps alone.
 
 Before each measured run the server gets a few settling requests (a fresh process runs its first steps
 many times slower) and its cache is flushed; the logs and traces are compared from the measured run on.
@@ -44,6 +45,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -120,9 +122,8 @@ PROBE = Workload(
     ["--num-prompts", "48", "--random-input-len", "128", "--random-output-len", "48",
      "--random-range-ratio", "0.25", "--max-concurrency", "24", "--seed", "100"],
 )  # fmt: skip
-EARLY_STOPS = ["--num-prompts", "24", "--random-input-len", "128", "--random-output-len", "96",
-               "--random-range-ratio", "0.25", "--seed", "2",
-               "--extra-request-body", stop_at_newline(96)]  # fmt: skip
+EARLY_STOPS = ["--random-input-len", "128", "--random-output-len", "96", "--random-range-ratio", "0.25",
+               "--seed", "2", "--extra-request-body", stop_at_newline(96)]  # fmt: skip
 WORKLOADS = [
     Workload(
         "A steady", "20 × (64–256 + 24–48), ignore_eos, concurrency 4",
@@ -133,7 +134,12 @@ WORKLOADS = [
     Workload(
         "B early stops", "24 × (32–128 + ask 96, stop at newline), Poisson 1 req/s",
         ["--max-total-tokens", "8192"],
-        [*EARLY_STOPS, "--request-rate", "1"],
+        # Each request's TTFT holds the rest of the step it arrived in (up to 300 ms here), and where each
+        # lands differs between the server and the simulation: with every send time moved by up to
+        # ±10 ms, the simulated median TTFT of these 24 took 553–643 ms (the table's "sends moved"
+        # column). 48 requests would narrow that (639–673 ms), but reach 40 running, beyond the profile's
+        # grid of 24: a run at 48 came out TPOT −19.7% (sim_fidelity.txt, 13:21).
+        [*EARLY_STOPS, "--num-prompts", "24", "--request-rate", "1"],
     ),
     Workload(
         "C small pool", "16 × (28–32 + 72–80), no ignore_eos, all at once, 600-token pool",
@@ -146,9 +152,9 @@ WORKLOADS = [
     # arrive, the next prefill batch grows (4–5 requests, 1.6–1.8 s), and TTFT multiplies the machine's
     # drift: the real runs' own TTFT spread here was 10–72% (sim_fidelity.txt's earlier B rows).
     Workload(
-        "D past capacity", "B's 24 requests at Poisson 3 req/s: prefill alone most of the engine's time",
+        "D past capacity", "24 of B's requests at Poisson 3 req/s: prefill alone most of the engine's time",
         ["--max-total-tokens", "8192"],
-        [*EARLY_STOPS, "--request-rate", "3"],
+        [*EARLY_STOPS, "--num-prompts", "24", "--request-rate", "3"],
     ),
 ]  # fmt: skip
 
@@ -250,6 +256,29 @@ def simulated_run(
            "--log-file", str(log), *NO_WARMUP, *LOG_EVERY_STEP, *w.server]  # fmt: skip
     stdout = run(cmd, out / "sim.stderr")
     return summary_numbers(stdout), log.read_text(encoding="utf-8").splitlines()
+
+
+# The simulation's own sensitivity to where arrivals land in steps: the same replay with every request's
+# send time moved by up to ±JITTER_S, PHASE_DRAWS times (seeded).
+JITTER_S, PHASE_DRAWS = 0.010, 10
+
+
+def phase_range(w: Workload, details: Path, cost: Path, out: Path, latency_ms: float) -> tuple[float, float]:
+    """The smallest and largest simulated median TTFT over PHASE_DRAWS replays of `details` whose send
+    times each moved by up to ±JITTER_S: how far a median TTFT moves with the phase of arrivals alone."""
+    rec = json.loads(details.read_text(encoding="utf-8"))
+    key = "arrival_times" if rec.get("arrival_times") else "start_times"
+    first = rec[key][0]
+    medians = []
+    for draw in range(PHASE_DRAWS):
+        rng = random.Random(draw)
+        moved = out / f"{slug(w.name)}.phase-{draw}.json"
+        times = [first + max(0.0, t - first + rng.uniform(-JITTER_S, JITTER_S)) for t in rec[key]]
+        moved.write_text(json.dumps({**rec, key: times}), encoding="utf-8")
+        cmd = [*KVADMIT, "simulate", "--replay", str(moved), "--cost-model", str(cost), "--context-length",
+               "8192", "--request-latency-ms", str(latency_ms), "--quiet", *NO_WARMUP, *w.server]  # fmt: skip
+        medians.append(summary_numbers(run(cmd, out / "sim.stderr"))["ttft"])
+    return min(medians), max(medians)
 
 
 def summary_numbers(text: str) -> dict[str, float]:
@@ -413,6 +442,8 @@ def main() -> None:
                 f"{retracted(real_d)} / {retracted(step_d)} / {retracted(sim_d)}"]  # fmt: skip
         for key, fmt in (("ttft", "{:,.0f}"), ("tpot", "{:.1f}"), ("tput", "{:.1f}")):
             line.append(f"{fmt.format(real[key])} / {fmt.format(sim[key])} ({pct(sim[key], real[key])})")
+        lo, hi = phase_range(w, details, cost, out, latency_ms)
+        line.append(f"{lo:,.0f}–{hi:,.0f} ({pct(lo, real['ttft'])} to {pct(hi, real['ttft'])})")
         line.append(" / ".join(spread([x[k] for x in measured]) for k in ("ttft", "tpot", "tput")))
         line.append("; ".join(steps_vs_model(in_round(w, r), out) for r in done))
         rows.append(line)
@@ -432,12 +463,16 @@ def main() -> None:
           f"seen by the scheduler {latency_ms:g} ms later ({latency_source})")  # fmt: skip
     print("# timing cells: the median of the real runs / simulated by time, replaying run 1's requests "
           "(error); decisions by step: each real run against its own step replay (lines identical); by time "
-          "and retractions: run 1; spread: (largest − smallest) / median of the real runs; steps vs model: "
+          "and retractions: run 1; sends moved: the by-time replay again with every send time moved by up "
+          "to the amount shown, smallest–largest median TTFT (against the real median): how far the "
+          "phase of arrivals alone moves it; spread: (largest − smallest) / median of the real runs; "
+          "steps vs model: "
           "each real run's step times (serve --trace-steps), summed over its prefill and its decode steps, "
           "against the cost model's for the same batches (its by-step replay's --trace-steps), "
           "+ slower")  # fmt: skip
     head = ["workload", "decisions by step (runs 1; 2; 3)", "decisions by time", "requests retracted real / "
             "step / time", "TTFT p50 ms", "TPOT mean ms", "out tok/s",
+            f"sim TTFT p50, sends moved ±{1000 * JITTER_S:g} ms ({PHASE_DRAWS} draws)",
             "real runs' spread: TTFT / TPOT / tok/s",
             "served steps vs model: prefill / decode (runs 1; 2; 3)"]  # fmt: skip
     print("| " + " | ".join(head) + " |")
