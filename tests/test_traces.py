@@ -1,5 +1,6 @@
 """`serve --trace-requests` and `--trace-steps`: a trace that cannot be written (a full disk) stops
-itself, with one log line; it never raises into the engine loop (which would leave requests unanswered)."""
+itself, with one log line; it never raises into the engine loop (which would leave requests unanswered).
+Before anything starts, serve refuses one file for both traces, or a file it cannot open, naming the flag."""
 
 from __future__ import annotations
 
