@@ -247,14 +247,18 @@ def step_replay(w: Workload, trace: Path, cost: Path, out: Path) -> list[str]:
     return log.read_text(encoding="utf-8").splitlines()
 
 
+def by_time(w: Workload, details: Path, cost: Path, latency_ms: float) -> list[str]:
+    """The `simulate` command that replays a bench file by its send times."""
+    return [*KVADMIT, "simulate", "--replay", str(details), "--cost-model", str(cost), "--context-length",
+            "8192", "--request-latency-ms", str(latency_ms), *NO_WARMUP, *w.server]  # fmt: skip
+
+
 def simulated_run(
     w: Workload, details: Path, cost: Path, out: Path, tag: str, latency_ms: float
 ) -> tuple[dict, list[str]]:
     log = out / f"{slug(w.name)}.sim-{tag}.log"
-    cmd = [*KVADMIT, "simulate", "--replay", str(details), "--cost-model", str(cost),
-           "--context-length", "8192", "--request-latency-ms", str(latency_ms),
-           "--log-file", str(log), *NO_WARMUP, *LOG_EVERY_STEP, *w.server]  # fmt: skip
-    stdout = run(cmd, out / "sim.stderr")
+    stdout = run([*by_time(w, details, cost, latency_ms), "--log-file", str(log), *LOG_EVERY_STEP],
+                 out / "sim.stderr")  # fmt: skip
     return summary_numbers(stdout), log.read_text(encoding="utf-8").splitlines()
 
 
@@ -275,9 +279,8 @@ def phase_range(w: Workload, details: Path, cost: Path, out: Path, latency_ms: f
         moved = out / f"{slug(w.name)}.phase-{draw}.json"
         times = [first + max(0.0, t - first + rng.uniform(-JITTER_S, JITTER_S)) for t in rec[key]]
         moved.write_text(json.dumps({**rec, key: times}), encoding="utf-8")
-        cmd = [*KVADMIT, "simulate", "--replay", str(moved), "--cost-model", str(cost), "--context-length",
-               "8192", "--request-latency-ms", str(latency_ms), "--quiet", *NO_WARMUP, *w.server]  # fmt: skip
-        medians.append(summary_numbers(run(cmd, out / "sim.stderr"))["ttft"])
+        stdout = run([*by_time(w, moved, cost, latency_ms), "--quiet"], out / "sim.stderr")
+        medians.append(summary_numbers(stdout)["ttft"])
     return min(medians), max(medians)
 
 
@@ -310,15 +313,16 @@ def jsonl(path: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines() if x]
 
 
-def steps_vs_model(w: Workload, out: Path) -> str:
+def steps_vs_model(w: Workload, trace: Path, out: Path) -> str:
     """How much slower (+) the run's steps were than the cost model says for the very same batches: the
     server's --trace-steps against its by-step replay's (whose decisions are the server's, so step k is
     the same batch on both sides), the sum of each kind's step times: prefill / decode. The machine's
-    speed in that run against the profiles', and where a timing cell's error comes from."""
+    speed in that run against the profiles', and where a timing cell's error comes from. `trace`: the
+    measured run's request trace (measured_trace)."""
     served_file, sim_file = steps_file(w, out), steps_file(w, out, "sim")
     if not served_file.is_file() or not sim_file.is_file():
         return "n/a"  # a kept run from before serve wrote step traces
-    base = min(r["arrival_step"] for r in jsonl(measured_trace(w, out)))  # the settling run's steps
+    base = min(r["arrival_step"] for r in jsonl(trace))  # the settling run's steps
     served = [r for r in jsonl(served_file) if r["step"] > base]
     sim = jsonl(sim_file)
     same = [(a["kind"], a["batch_size"]) for a in served] == [(b["kind"], b["batch_size"]) for b in sim]
@@ -428,12 +432,14 @@ def main() -> None:
         real_d = decisions(real_log)
         sim, sim_log = simulated_run(w, details, cost, out, "time", latency_ms)
         sim_d = decisions(sim_log)
-        step_cells = []
+        step_cells, step_times = [], []
         for r in done:
             wr = in_round(w, r)
+            trace = measured_trace(wr, out)
             rd = decisions(runs[(w.name, r)][1])
-            by_step = compare(rd, decisions(step_replay(wr, measured_trace(wr, out), cost, out)))
+            by_step = compare(rd, decisions(step_replay(wr, trace, cost, out)))
             step_cells.append(by_step.describe().removesuffix(" identical"))
+            step_times.append(steps_vs_model(wr, trace, out))
             if not by_step.identical:
                 notes.append(f"  {w.name} run {r} by step: {by_step.describe()}")
         step_d = decisions((out / f"{slug(w.name)}.sim-step.log").read_text(encoding="utf-8").splitlines())
@@ -445,7 +451,7 @@ def main() -> None:
         lo, hi = phase_range(w, details, cost, out, latency_ms)
         line.append(f"{lo:,.0f}–{hi:,.0f} ({pct(lo, real['ttft'])} to {pct(hi, real['ttft'])})")
         line.append(" / ".join(spread([x[k] for x in measured]) for k in ("ttft", "tpot", "tput")))
-        line.append("; ".join(steps_vs_model(in_round(w, r), out) for r in done))
+        line.append("; ".join(step_times))
         rows.append(line)
         notes.append(f"{w.name}: {w.describe}; decision lines: {len(real_d)} real, {len(step_d)} by step, "
                      f"{len(sim_d)} by time (run 1)")  # fmt: skip
