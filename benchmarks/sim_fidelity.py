@@ -10,7 +10,7 @@
    decode steps took beyond the executor's time for that batch (the serving stack: HTTP and streaming
    threads and the client on the same two cores), fitted as a + b × running requests and added to
    every step.
-2. Four workloads, not used above (the fourth, D, is B's requests at three times B's rate, past what
+2. Four workloads, not used above (the fourth, D, is B's first 24 requests at 3 req/s, past what
    this machine's engine keeps up with: how far TTFT there follows the machine's drift): each runs
    against a fresh `kvadmit serve` (the default model, the same scheduler flags the simulation gets,
    --decode-log-interval 1 so every step prints a line, --trace-requests and --trace-steps) under
@@ -132,14 +132,15 @@ WORKLOADS = [
          "--random-range-ratio", "0.25", "--max-concurrency", "4", "--seed", "1"],
     ),
     Workload(
-        "B early stops", "24 × (32–128 + ask 96, stop at newline), Poisson 1 req/s",
+        "B early stops", "48 × (32–128 + ask 96, stop at newline), Poisson 0.4 req/s",
         ["--max-total-tokens", "8192"],
         # Each request's TTFT holds the rest of the step it arrived in (up to 300 ms here), and where each
-        # lands differs between the server and the simulation: with every send time moved by up to
-        # ±10 ms, the simulated median TTFT of these 24 took 553–643 ms (the table's "sends moved"
-        # column). 48 requests would narrow that (639–673 ms), but reach 40 running, beyond the profile's
-        # grid of 24: a run at 48 came out TPOT −19.7% (sim_fidelity.txt, 13:21).
-        [*EARLY_STOPS, "--num-prompts", "24", "--request-rate", "1"],
+        # lands differs between the server and the simulation: 24 of these requests at 1 req/s, their
+        # sends moved by up to ±10 ms, gave simulated median TTFTs of 553–643 ms (16%; sim_fidelity.txt,
+        # 12:28). 48 narrow that, but at 1 req/s they reach 40 running, beyond the profile's grid of 24
+        # (TPOT −19.7%, 13:21); at 0.4 req/s the simulation of that run's 48 peaks at 20 running, its
+        # sends-moved range 9% wide.
+        [*EARLY_STOPS, "--num-prompts", "48", "--request-rate", "0.4"],
     ),
     Workload(
         "C small pool", "16 × (28–32 + 72–80), no ignore_eos, all at once, 600-token pool",
@@ -147,12 +148,12 @@ WORKLOADS = [
         ["--num-prompts", "16", "--random-input-len", "32", "--random-output-len", "80",
          "--random-range-ratio", "0.9", "--disable-ignore-eos", "--seed", "3"],
     ),
-    # B's requests three times as fast: about 240 prompt tokens a second of an executor that prefills
-    # 230–310 here, so prefill alone takes most of the engine; each slower step lets more requests
-    # arrive, the next prefill batch grows (4–5 requests, 1.6–1.8 s), and TTFT multiplies the machine's
-    # drift: the real runs' own TTFT spread here was 10–72% (sim_fidelity.txt's earlier B rows).
+    # B's first 24 requests at 3 req/s (B's rate before): about 240 prompt tokens a second of an executor
+    # that prefills 230–310 here, so prefill alone takes most of the engine; each slower step lets more
+    # requests arrive, the next prefill batch grows (4–5 requests, 1.6–1.8 s), and TTFT multiplies the
+    # machine's drift: the real runs' own TTFT spread here was 10–72% (sim_fidelity.txt's earlier B rows).
     Workload(
-        "D past capacity", "24 of B's requests at Poisson 3 req/s: prefill alone most of the engine's time",
+        "D past capacity", "B's first 24 requests, Poisson 3 req/s: prefill alone most of the engine's time",
         ["--max-total-tokens", "8192"],
         [*EARLY_STOPS, "--num-prompts", "24", "--request-rate", "3"],
     ),
