@@ -122,6 +122,14 @@ def test_the_servers_step_trace_and_its_replays_compare_one_to_one(tmp_path: Pat
     # or the commands before it are not in it).
     assert real[0]["t"] >= real[0]["seconds"]
     assert all(b["t"] - a["t"] >= b["seconds"] for a, b in itertools.pairwise(real))
+    # ... and it began once the requests it found had been received (the trace's times are on one clock,
+    # rounded to the µs): a start taken before the engine's idle wait would precede the request that
+    # ended the wait.
+    rows = [json.loads(x) for x in trace.read_text().splitlines()]
+    assert any(r["after_idle"] and r["arrival_step"] > 0 for r in rows), "no request came after an idle wait"
+    for r in rows:
+        step = real[r["arrival_step"]]  # the step after the one it arrived during
+        assert step["t"] - step["seconds"] >= r["arrival"] - 2e-6, (r["seq"], step)
 
 
 def test_pages_chunks_shared_prefixes_and_idle_passes_replay_step_for_step(tmp_path: Path) -> None:
