@@ -30,13 +30,15 @@
    all): the times are compared with the median of the three, their spread shows how far the real
    engine itself moves between runs of the same requests, and each run's prefill and decode steps
    against the cost model's times for the same batches show how fast the machine was in that run
-   compared with the profiles. The by-time replay runs again with every send time moved by up to
-   ±10 ms (ten seeded draws): how far the median TTFT moves with where arrivals land in steps alone.
+   compared with the profiles; each run's mean TPOT against its by-step replay's is the model's time
+   for the server's own schedule, apart from the schedule the simulated clock makes. The by-time
+   replay runs again with every send time moved by up to ±10 ms (ten seeded draws): how far the
+   median TTFT moves with where arrivals land in steps alone.
 
 Before each measured run the server gets a few settling requests (a fresh process runs its first steps
 many times slower) and its cache is flushed; the logs and traces are compared from the measured run on.
 
-Run: python benchmarks/sim_fidelity.py [--out DIR]   (about 28 minutes on 2 shared cores)
+Run: python benchmarks/sim_fidelity.py [--out DIR]   (about 33 minutes on 2 shared cores)
      python benchmarks/sim_fidelity.py --kept DIR       (simulate again against DIR's real runs)
 """
 
@@ -139,7 +141,7 @@ WORKLOADS = [
         # sends moved by up to ±10 ms, gave simulated median TTFTs of 553–643 ms (16%; sim_fidelity.txt,
         # 12:28). 48 narrow that, but at 1 req/s they reach 40 running, beyond the profile's grid of 24
         # (TPOT −19.7%, 13:21); at 0.4 req/s the simulation of that run's 48 peaks at 20 running, its
-        # sends-moved range 9% wide.
+        # sends-moved range 9% wide (the real runs since: 21–25 running at the peak, the range 5–9%).
         [*EARLY_STOPS, "--num-prompts", "48", "--request-rate", "0.4"],
     ),
     Workload(
@@ -238,14 +240,16 @@ def profile_executor(cost: Path, out: Path) -> None:
     run([*KVADMIT, "profile", *PROFILE, "-o", str(cost)], out / "profile.stderr")
 
 
-def step_replay(w: Workload, trace: Path, cost: Path, out: Path) -> list[str]:
-    """The measured run's trace replayed step by step; the simulated log's lines."""
+def step_replay(w: Workload, trace: Path, cost: Path, out: Path) -> tuple[dict[str, float], list[str]]:
+    """The measured run's trace replayed step by step: (its summary numbers, the simulated log's lines).
+    Its TTFT is not the run's (each request reaches it at a step's end, after no wait), its TPOT is: the
+    cost model's, for the server's own schedule."""
     log = out / f"{slug(w.name)}.sim-step.log"
-    run([*KVADMIT, "simulate", "--replay", str(trace), "--replay-arrival", "step", "--cost-model", str(cost),
-         "--context-length", "8192", "--log-file", str(log), "--trace-steps", str(steps_file(w, out, "sim")),
-         *LOG_EVERY_STEP, *w.server],
-        out / "sim.stderr")  # fmt: skip
-    return log.read_text(encoding="utf-8").splitlines()
+    stdout = run([*KVADMIT, "simulate", "--replay", str(trace), "--replay-arrival", "step", "--cost-model",
+                  str(cost), "--context-length", "8192", "--log-file", str(log), "--trace-steps",
+                  str(steps_file(w, out, "sim")), *LOG_EVERY_STEP, *w.server],
+                 out / "sim.stderr")  # fmt: skip
+    return summary_numbers(stdout), log.read_text(encoding="utf-8").splitlines()
 
 
 def by_time(w: Workload, details: Path, cost: Path, latency_ms: float) -> list[str]:
@@ -433,14 +437,17 @@ def main() -> None:
         real_d = decisions(real_log)
         sim, sim_log = simulated_run(w, details, cost, out, "time", latency_ms)
         sim_d = decisions(sim_log)
-        step_cells, step_times = [], []
-        for r in done:
+        step_cells, step_times, step_tpots = [], [], []
+        for r, real_r in zip(done, measured, strict=True):
             wr = in_round(w, r)
             trace = measured_trace(wr, out)
             rd = decisions(runs[(w.name, r)][1])
-            by_step = compare(rd, decisions(step_replay(wr, trace, cost, out)))
+            step_numbers, step_log = step_replay(wr, trace, cost, out)
+            by_step = compare(rd, decisions(step_log))
             step_cells.append(by_step.describe().removesuffix(" identical"))
             step_times.append(steps_vs_model(wr, trace, out))
+            tpot = step_numbers["tpot"]
+            step_tpots.append(f"{real_r['tpot']:.0f} / {tpot:.0f} ({pct(tpot, real_r['tpot'])})")
             if not by_step.identical:
                 notes.append(f"  {w.name} run {r} by step: {by_step.describe()}")
         step_d = decisions((out / f"{slug(w.name)}.sim-step.log").read_text(encoding="utf-8").splitlines())
@@ -453,6 +460,7 @@ def main() -> None:
         line.append(f"{lo:,.0f}–{hi:,.0f} ({pct(lo, real['ttft'])} to {pct(hi, real['ttft'])})")
         line.append(" / ".join(spread([x[k] for x in measured]) for k in ("ttft", "tpot", "tput")))
         line.append("; ".join(step_times))
+        line.append("; ".join(step_tpots))
         rows.append(line)
         notes.append(f"{w.name}: {w.describe}; decision lines: {len(real_d)} real, {len(step_d)} by step, "
                      f"{len(sim_d)} by time (run 1)")  # fmt: skip
@@ -476,12 +484,14 @@ def main() -> None:
           "steps vs model: "
           "each real run's step times (serve --trace-steps), summed over its prefill and its decode steps, "
           "against the cost model's for the same batches (its by-step replay's --trace-steps), "
-          "+ slower")  # fmt: skip
+          "+ slower; the server's own schedule: each real run's mean TPOT against its by-step replay's "
+          "(the same batches, in the same order, at the cost model's times)")  # fmt: skip
     head = ["workload", "decisions by step (runs 1; 2; 3)", "decisions by time", "requests retracted real / "
             "step / time", "TTFT p50 ms", "TPOT mean ms", "out tok/s",
             f"sim TTFT p50, sends moved ±{1000 * JITTER_S:g} ms ({PHASE_DRAWS} draws)",
             "real runs' spread: TTFT / TPOT / tok/s",
-            "served steps vs model: prefill / decode (runs 1; 2; 3)"]  # fmt: skip
+            "served steps vs model: prefill / decode (runs 1; 2; 3)",
+            "TPOT mean ms, the server's own schedule: real / by step (runs 1; 2; 3)"]  # fmt: skip
     print("| " + " | ".join(head) + " |")
     print("|" + " --- |" * len(head))
     for line in rows:
