@@ -141,7 +141,7 @@ WORKLOADS = [
         # sends moved by up to ±10 ms, gave simulated median TTFTs of 553–643 ms (16%; sim_fidelity.txt,
         # 12:28). 48 narrow that, but at 1 req/s they reach 40 running, beyond the profile's grid of 24
         # (TPOT −19.7%, 13:21); at 0.4 req/s the simulation of that run's 48 peaks at 20 running, its
-        # sends-moved range 9% wide (the real runs since: 21–25 running at the peak, the range 5–9%).
+        # sends-moved range 9% wide (the real runs since: 16–25 running at the peak, the range 5–9%).
         [*EARLY_STOPS, "--num-prompts", "48", "--request-rate", "0.4"],
     ),
     Workload(
