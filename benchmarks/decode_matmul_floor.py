@@ -26,17 +26,22 @@ from torch import nn
 from machine import cpu_model
 
 ROUNDS = 5  # the fastest round of each measure is reported (a shared machine's noise only slows)
+PASSES = 4  # passes over a group's layers in a round
+Linear = Callable[[torch.Tensor], torch.Tensor]
 
 
-def best_ms(fn: Callable[[], None], calls: int) -> float:
-    """The fastest of ROUNDS rounds of `calls` calls of fn, in ms per call."""
-    fn()
+def pass_ms(fns: list[Linear], x: torch.Tensor) -> float:
+    """One decode step's calls, each fn once in turn on x: the fastest of ROUNDS rounds of PASSES such
+    passes, in ms per pass."""
+    for f in fns:  # warm
+        f(x)
     best = float("inf")
     for _ in range(ROUNDS):
         t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        best = min(best, (time.perf_counter() - t0) / calls)
+        for _ in range(PASSES):
+            for f in fns:
+                f(x)
+        best = min(best, (time.perf_counter() - t0) / PASSES)
     return 1000 * best
 
 
@@ -48,7 +53,7 @@ def layer_groups(model: nn.Module) -> dict[str, list[nn.Linear]]:
     return groups
 
 
-def packed_twin(w: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor] | None:
+def packed_twin(w: torch.Tensor) -> Linear | None:
     """F.linear(x, w) for a batch-1 x through MKL's packed float32 weight, or None if this torch has no
     such op."""
     try:
@@ -75,26 +80,14 @@ def main() -> None:
         for name, layers in layer_groups(model).items():
             weights = [m.weight.detach() for m in layers]
             x = torch.linspace(-1, 1, weights[0].shape[1], dtype=weights[0].dtype).view(1, -1)
-            k = [0]
-
-            def plain(ws: list[torch.Tensor] = weights, x: torch.Tensor = x, k: list[int] = k) -> None:
-                F.linear(x, ws[k[0] % len(ws)])
-                k[0] += 1
-
-            plain_ms = best_ms(plain, 4 * len(weights)) * len(weights)
+            plain: list[Linear] = [lambda x, w=w: F.linear(x, w) for w in weights]
+            plain_ms = pass_ms(plain, x)
             twins = [packed_twin(w) for w in weights]
             packed_ms, diff = None, 0.0
             if all(t is not None for t in twins):
                 fns = [t for t in twins if t is not None]
-
-                def packed(fns: list = fns, x: torch.Tensor = x, k: list[int] = k) -> None:
-                    fns[k[0] % len(fns)](x)
-                    k[0] += 1
-
-                packed_ms = best_ms(packed, 4 * len(weights)) * len(weights)
-                diff = max(
-                    float((f(x) - F.linear(x, w)).abs().max()) for f, w in zip(fns, weights, strict=True)
-                )
+                packed_ms = pass_ms(fns, x)
+                diff = max(float((f(x) - g(x)).abs().max()) for f, g in zip(fns, plain, strict=True))
             mb = sum(w.numel() * w.element_size() for w in weights) // 1_000_000
             rows.append((f"{name} × {len(weights)}", mb, plain_ms, packed_ms, diff))
     del model

@@ -94,7 +94,7 @@ def request_latency_ms(out: Path) -> tuple[float, str]:
     if not trace.is_file():
         return REQUEST_LATENCY_MS, "assumed"
     settled = int((out / "probe.settled").read_text(encoding="utf-8"))
-    rows = [json.loads(x) for x in trace.read_text(encoding="utf-8").splitlines() if x]
+    rows = jsonl(trace)
     http = [r["http_ms"] for r in rows if r["seq"] >= settled and "http_ms" in r]
     if not http:
         return REQUEST_LATENCY_MS, "assumed"
@@ -229,7 +229,7 @@ def kept_run(w: Workload, out: Path) -> tuple[Path, list[str]]:
 def measured_trace(w: Workload, out: Path) -> Path:
     """The server's trace cut to the measured run (the requests received after the settling ones)."""
     settled = int((out / f"{slug(w.name)}.settled").read_text(encoding="utf-8"))
-    rows = [json.loads(x) for x in (out / f"{slug(w.name)}.trace.jsonl").read_text().splitlines() if x]
+    rows = jsonl(out / f"{slug(w.name)}.trace.jsonl")
     cut = out / f"{slug(w.name)}.trace.measured.jsonl"
     cut.write_text("".join(json.dumps(r) + "\n" for r in rows if r["seq"] >= settled), encoding="utf-8")
     return cut

@@ -114,7 +114,8 @@ def test_the_servers_step_trace_and_its_replays_compare_one_to_one(tmp_path: Pat
     assert [r["step"] for r in real] == list(range(1, len(real) + 1)) and len(real) > 40
     assert [r["step"] for r in sim] == [r["step"] for r in real]
     assert any(r["kind"] == "prefill" for r in real) and any(r["kind"] == "decode" for r in real)
-    assert sum(r["retractions"] for r in map(json.loads, trace.read_text().splitlines())) > 0
+    rows = [json.loads(x) for x in trace.read_text().splitlines()]
+    assert sum(r["retractions"] for r in rows) > 0
     for a, b in zip(real, sim, strict=True):
         assert {k: a[k] for k in STATE} == {k: b[k] for k in STATE}, (a, b)
         assert a["forward_s"] == b["seconds"] and a["seconds"] >= a["forward_s"] > 0
@@ -125,7 +126,6 @@ def test_the_servers_step_trace_and_its_replays_compare_one_to_one(tmp_path: Pat
     # ... and it began once the requests it found had been received (the trace's times are on one clock,
     # rounded to the µs): a start taken before the engine's idle wait would precede the request that
     # ended the wait.
-    rows = [json.loads(x) for x in trace.read_text().splitlines()]
     assert any(r["after_idle"] and r["arrival_step"] > 0 for r in rows), "no request came after an idle wait"
     for r in rows:
         step = real[r["arrival_step"]]  # the step after the one it arrived during
