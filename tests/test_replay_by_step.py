@@ -35,7 +35,9 @@ def serve_and_trace(
     trace_steps: Path | None = None,
 ) -> tuple[list[str], Path]:
     """Requests to `serve --simulate` (1 ms decode steps) at random moments within `spread_s`, in `waves`
-    separated by an idle engine; with `abort_every` k, every k-th client gives up after 20 ms."""
+    separated by an idle engine; with `abort_every` k, every k-th client asks for all 400 tokens
+    (ignore_eos: 400 ms and more of steps) and gives up after 100 ms, so its request has reached the
+    engine and not ended (a client that gave up after 20 ms was at times dropped before the hand-over)."""
     cost = write_cost_model(tmp_path / "cost.json", decode_ms=1.0)
     trace = tmp_path / "trace.jsonl"
     argv = ["--simulate", cost, *flags, "--trace-requests", str(trace)]
@@ -49,7 +51,9 @@ def serve_and_trace(
             body = {"prompt": prompt(i), "max_tokens": 400, "seed": i}
             if abort_every and i % abort_every == abort_every - 1:
                 with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(client.post("/v1/completions", json=body), 0.02)
+                    await asyncio.wait_for(
+                        client.post("/v1/completions", json={**body, "ignore_eos": True}), 0.1
+                    )
                 return
             r = await client.post("/v1/completions", json=body)
             assert r.status_code == 200, r.text
