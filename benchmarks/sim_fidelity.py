@@ -33,7 +33,9 @@
    compared with the profiles; each run's mean TPOT against its by-step replay's is the model's time
    for the server's own schedule, apart from the schedule the simulated clock makes. The by-time
    replay runs again with every send time moved by up to ±10 ms (ten seeded draws): how far the
-   median TTFT moves with where arrivals land in steps alone.
+   median TTFT moves with where arrivals land in steps alone; and once with each of the four profiles
+   alone (its executor times, the same serving-stack fit) in place of their mean: how far the
+   prediction moves with when, in the half hour of the runs, the machine was profiled.
 
 Before each measured run the server gets a few settling requests (a fresh process runs its first steps
 many times slower) and its cache is flushed; the logs and traces are compared from the measured run on.
@@ -64,6 +66,7 @@ from pathlib import Path
 import httpx
 
 from kvadmit.executor.costmodel import CostModel
+from kvadmit.executor.serving_overhead import ServingOverhead, add_overhead
 from kvadmit.observe.decisions import Decision, compare, decisions
 from machine import cpu_model
 
@@ -289,6 +292,35 @@ def phase_range(w: Workload, details: Path, cost: Path, out: Path, latency_ms: f
     return min(medians), max(medians)
 
 
+def alone_models(profiles: list[Path], cost: CostModel, out: Path) -> list[Path]:
+    """Each profile alone as the simulation's cost model: its executor times plus the serving stack the
+    averaged model carries (fitted once, against the mean), written beside it."""
+    fit = cost.meta["fit"]
+    base, per_request = (fit.get(f"serving_overhead_{k}", 0.0) for k in ("base_ms", "per_request_ms"))
+    stack = ServingOverhead(base, per_request, 0, (0, 0), 0.0)  # only its a and b are read
+    alone = []
+    for p in profiles:
+        q = out / f"{p.stem}.alone.json"
+        add_overhead(CostModel.from_file(str(p)), stack, "the averaged model's fit").write(str(q))
+        alone.append(q)
+    return alone
+
+
+def profile_band(w: Workload, details: Path, alone: list[Path], real: dict[str, float], latency_ms: float,
+                 out: Path) -> str:  # fmt: skip
+    """The by-time replay with each profile alone (alone_models): the lowest–highest TTFT / TPOT /
+    throughput against the real median. How far the prediction moves with when the machine was profiled,
+    the same executor minutes apart; a real median outside it ran faster or slower than every profile."""
+    sims = [summary_numbers(run([*by_time(w, details, m, latency_ms), "--quiet"], out / "sim.stderr"))
+            for m in alone]  # fmt: skip
+    cells = []
+    for key in ("ttft", "tpot", "tput"):
+        lo, hi = min(s[key] for s in sims), max(s[key] for s in sims)
+        inside = "" if lo <= real[key] <= hi else " (outside)"
+        cells.append(f"{pct(lo, real[key])} to {pct(hi, real[key])}{inside}")
+    return " / ".join(cells)
+
+
 def summary_numbers(text: str) -> dict[str, float]:
     labels = {"Median TTFT (ms)": "ttft", "Mean TPOT (ms)": "tpot", "Output token throughput (tok/s)": "tput"}
     found = {}
@@ -425,6 +457,7 @@ def main() -> None:
     cost_model = CostModel.from_file(str(cost))
     dtype = next((n.split("dtype ")[-1] for n in cost_model.meta["notes"] if "dtype" in n), "?")
     loop_ms = cost_model.meta["fit"].get("loop_overhead_ms", 0.0)
+    alone = alone_models([p for p in profiles if p.is_file()], cost_model, out)
 
     rows, notes = [], []
     for w in WORKLOADS:
@@ -461,6 +494,7 @@ def main() -> None:
         line.append(" / ".join(spread([x[k] for x in measured]) for k in ("ttft", "tpot", "tput")))
         line.append("; ".join(step_times))
         line.append("; ".join(step_tpots))
+        line.append(profile_band(w, details, alone, real, latency_ms, out) if alone else "n/a")
         rows.append(line)
         notes.append(f"{w.name}: {w.describe}; decision lines: {len(real_d)} real, {len(step_d)} by step, "
                      f"{len(sim_d)} by time (run 1)")  # fmt: skip
@@ -485,13 +519,17 @@ def main() -> None:
           "each real run's step times (serve --trace-steps), summed over its prefill and its decode steps, "
           "against the cost model's for the same batches (its by-step replay's --trace-steps), "
           "+ slower; the server's own schedule: each real run's mean TPOT against its by-step replay's "
-          "(the same batches, in the same order, at the cost model's times)")  # fmt: skip
+          "(the same batches, in the same order, at the cost model's times); each profile alone: the by-time "
+          "replay with one profile's executor times (plus the same serving-stack fit) instead of their mean, "
+          "once for each: how far the prediction moves with when the machine was profiled")  # fmt: skip
     head = ["workload", "decisions by step (runs 1; 2; 3)", "decisions by time", "requests retracted real / "
             "step / time", "TTFT p50 ms", "TPOT mean ms", "out tok/s",
             f"sim TTFT p50, sends moved ±{1000 * JITTER_S:g} ms ({PHASE_DRAWS} draws)",
             "real runs' spread: TTFT / TPOT / tok/s",
             "served steps vs model: prefill / decode (runs 1; 2; 3)",
-            "TPOT mean ms, the server's own schedule: real / by step (runs 1; 2; 3)"]  # fmt: skip
+            "TPOT mean ms, the server's own schedule: real / by step (runs 1; 2; 3)",
+            f"by time with each profile alone ({len(alone)}): TTFT / TPOT / tok/s, lowest to highest "
+            "against the real median"]  # fmt: skip
     print("| " + " | ".join(head) + " |")
     print("|" + " --- |" * len(head))
     for line in rows:
