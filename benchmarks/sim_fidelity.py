@@ -9,7 +9,10 @@
    measured: a table the simulator reads) with `--serving-log` the probes' logs: what each of their
    decode steps took beyond the executor's time for that batch (the serving stack: HTTP and streaming
    threads and the client on the same two cores), fitted as a + b × running requests and added to
-   every step.
+   every decode step; and, from the probes' step traces (--trace-steps), what each of their prefill
+   steps took beyond the executor's time for it, the median added to every prefill step (0–65 ms in
+   the probes of earlier runs, larger than a + b × its requests: a new request's HTTP handling runs
+   beside its prefill).
 2. Four workloads, not used above (the fourth, D, is B's first 24 requests at 3 req/s, past what
    this machine's engine keeps up with: how far TTFT there follows the machine's drift): each runs
    against a fresh `kvadmit serve` (the default model, the same scheduler flags the simulation gets,
@@ -66,7 +69,7 @@ from pathlib import Path
 import httpx
 
 from kvadmit.executor.costmodel import CostModel
-from kvadmit.executor.serving_overhead import ServingOverhead, add_overhead
+from kvadmit.executor.serving_overhead import PrefillOverhead, ServingOverhead, add_overhead
 from kvadmit.observe.decisions import Decision, compare, decisions
 from machine import cpu_model
 
@@ -238,6 +241,16 @@ def measured_trace(w: Workload, out: Path) -> Path:
     return cut
 
 
+def measured_steps(w: Workload, out: Path) -> Path:
+    """The server's --trace-steps cut to the measured run (the steps after the settling run's)."""
+    settled = int((out / f"{slug(w.name)}.settled").read_text(encoding="utf-8"))
+    base = min(r["arrival_step"] for r in jsonl(out / f"{slug(w.name)}.trace.jsonl") if r["seq"] >= settled)
+    cut = out / f"{slug(w.name)}.served-steps.measured.jsonl"
+    rows = [r for r in jsonl(steps_file(w, out)) if r["step"] > base]
+    cut.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return cut
+
+
 def profile_executor(cost: Path, out: Path) -> None:
     """`kvadmit profile` of the bare executor (the serving stack is fitted once, to the mean)."""
     run([*KVADMIT, "profile", *PROFILE, "-o", str(cost)], out / "profile.stderr")
@@ -298,10 +311,13 @@ def alone_models(profiles: list[Path], cost: CostModel, out: Path) -> list[Path]
     fit = cost.meta["fit"]
     base, per_request = (fit.get(f"serving_overhead_{k}", 0.0) for k in ("base_ms", "per_request_ms"))
     stack = ServingOverhead(base, per_request, 0, (0, 0), 0.0)  # only its a and b are read
+    prefill = None
+    if "serving_prefill_overhead_ms" in fit:  # (a kept run from before has none)
+        prefill = (PrefillOverhead(fit["serving_prefill_overhead_ms"], 0), "the averaged model's fit")
     alone = []
     for p in profiles:
         q = out / f"{p.stem}.alone.json"
-        add_overhead(CostModel.from_file(str(p)), stack, "the averaged model's fit").write(str(q))
+        add_overhead(CostModel.from_file(str(p)), stack, "the averaged model's fit", prefill).write(str(q))
         alone.append(q)
     return alone
 
@@ -350,17 +366,15 @@ def jsonl(path: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines() if x]
 
 
-def steps_vs_model(w: Workload, trace: Path, out: Path) -> str:
+def steps_vs_model(w: Workload, out: Path) -> str:
     """How much slower (+) the run's steps were than the cost model says for the very same batches: the
     server's --trace-steps against its by-step replay's (whose decisions are the server's, so step k is
     the same batch on both sides), the sum of each kind's step times: prefill / decode. The machine's
-    speed in that run against the profiles', and where a timing cell's error comes from. `trace`: the
-    measured run's request trace (measured_trace)."""
+    speed in that run against the profiles', and where a timing cell's error comes from."""
     served_file, sim_file = steps_file(w, out), steps_file(w, out, "sim")
     if not served_file.is_file() or not sim_file.is_file():
         return "n/a"  # a kept run from before serve wrote step traces
-    base = min(r["arrival_step"] for r in jsonl(trace))  # the settling run's steps
-    served = [r for r in jsonl(served_file) if r["step"] > base]
+    served = jsonl(measured_steps(w, out))
     sim = jsonl(sim_file)
     same = [(a["kind"], a["batch_size"]) for a in served] == [(b["kind"], b["batch_size"]) for b in sim]
     if not same:
@@ -430,6 +444,7 @@ def main() -> None:
     runs: dict[tuple[str, int], tuple[Path, list[str]]] = {}
     profiles = [out / f"profile-{rnd}.json" for rnd in range(1, ROUNDS + 2)]
     serving_logs: list[Path] = []
+    serving_steps: list[Path] = []
     for rnd in range(1, ROUNDS + 1):
         if not ns.kept:
             profile_executor(profiles[rnd - 1], out)
@@ -438,6 +453,7 @@ def main() -> None:
             _, probe_log = real_run(probe, out)
             serving_logs.append(out / f"{slug(probe.name)}.serving.log")
             serving_logs[-1].write_text("\n".join(probe_log) + "\n", encoding="utf-8")
+            serving_steps.append(measured_steps(probe, out))
         for w in WORKLOADS:
             ww = in_round(w, rnd)
             if ns.kept and not (out / f"{slug(ww.name)}.bench.jsonl").is_file():
@@ -448,7 +464,8 @@ def main() -> None:
         profile_executor(profiles[-1], out)  # after the last round
         loads.append(load())
         mean = [*KVADMIT, "profile", "--average", *map(str, profiles), "--serving-log",
-                *map(str, serving_logs), "-o", str(cost)]  # fmt: skip
+                *map(str, serving_logs), "--serving-steps", *map(str, serving_steps),
+                "-o", str(cost)]  # fmt: skip
         profile_text = run(mean, out / "profile.stderr")
         fit_line = "; ".join(
             x for x in profile_text.splitlines() if x.startswith(("fit error", "averaged", "serving stack"))
@@ -478,7 +495,7 @@ def main() -> None:
             step_numbers, step_log = step_replay(wr, trace, cost, out)
             by_step = compare(rd, decisions(step_log))
             step_cells.append(by_step.describe().removesuffix(" identical"))
-            step_times.append(steps_vs_model(wr, trace, out))
+            step_times.append(steps_vs_model(wr, out))
             tpot = step_numbers["tpot"]
             step_tpots.append(f"{real_r['tpot']:.0f} / {tpot:.0f} ({pct(tpot, real_r['tpot'])})")
             if not by_step.identical:

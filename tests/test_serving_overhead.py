@@ -3,6 +3,7 @@ logs here are written with the server's own line formats; the expected fit is wo
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -11,7 +12,13 @@ from pathlib import Path
 import pytest
 
 from kvadmit.executor.costmodel import CostModel, DecodeCost, DecodeTable, PrefillCost
-from kvadmit.executor.serving_overhead import ServingOverheadError, add_overhead, measure_overhead
+from kvadmit.executor.serving_overhead import (
+    ServingOverhead,
+    ServingOverheadError,
+    add_overhead,
+    measure_overhead,
+    measure_prefill_overhead,
+)
 from kvadmit.observe.loglines import DECODE, PREFILL
 
 COST = CostModel(DecodeCost(base_ms=100.0), PrefillCost(tokens_per_s=1000.0))
@@ -134,3 +141,95 @@ def test_the_cli_takes_several_serving_logs(tmp_path: Path) -> None:
     found = re.search(shown, run.stdout)
     assert found, run.stdout
     assert float(found[1]) == pytest.approx(1.0, abs=0.05) and float(found[2]) == pytest.approx(0.5, abs=0.01)
+
+
+def step(kind: str, requests: int, new: int, ms: float, cached: int = 0) -> dict[str, object]:
+    """A row as `kvadmit serve --trace-steps` writes it (the fields the prefill fit reads, and others)."""
+    return {"step": 1, "t": 1.0, "kind": kind, "batch_size": requests, "new_tokens": new,
+            "cached_tokens": cached, "seconds": ms / 1000, "running": 0, "queue": 0}  # fmt: skip
+
+
+def test_the_prefill_steps_median_excess_replaces_a_plus_b_in_every_prefill_step() -> None:
+    table = DecodeTable((1, 4), (100,), ((10.0,), (20.0,)))
+    cost = CostModel(DecodeCost(base_ms=9.0, per_request_ms=1.0, table=table),
+                     PrefillCost(base_ms=1.0, tokens_per_s=1000.0, per_request_ms=0.5))  # fmt: skip
+    # The model's prefill: 1 + 0.5 × R + N / 1000 tokens per ms. Served: 1×100 takes 101.5 → 111.5
+    # (+10), 2×200 202 → 214 (+12), 1×50 51.5 → 59.5 (+8), 1×60 61.5 → 961.5 (+900: a stall), and 1×40
+    # over 20 cached 41.5 → 50.5 (+9): the median is 10, whatever the stall. Decode rows are not read.
+    rows = [step("prefill", 1, 100, 111.5), step("decode", 4, 4, 500.0), step("prefill", 2, 200, 214.0),
+            step("prefill", 1, 50, 59.5), step("prefill", 1, 60, 961.5),
+            step("prefill", 1, 40, 50.5, cached=20)]  # fmt: skip
+    prefill = measure_prefill_overhead([("steps.jsonl", rows)], cost)
+    assert prefill.steps == 5 and prefill.ms == pytest.approx(10.0, abs=1e-6)
+    decode_fit = ServingOverhead(2.5, 0.5, 7, (1, 4), 3.0)
+    out = add_overhead(cost, decode_fit, "serve.log", (prefill, "steps.jsonl"))
+    # decode as before: 2.5 + 0.5 × B on every decode step
+    assert out.decode.table is not None and out.decode.table.ms[1][0] == pytest.approx(24.5)
+    # prefill: + 10 ms a step; not + 2.5 + 0.5 × R
+    assert out.prefill.base_ms == pytest.approx(11.0) and out.prefill.per_request_ms == pytest.approx(0.5)
+    assert out.prefill.seconds(2, 200, 0) == pytest.approx(0.212)
+    assert "the median of 5 prefill steps of steps.jsonl" in out.meta["notes"][-1]
+    assert out.meta["fit"]["serving_prefill_overhead_ms"] == 10.0
+
+
+def test_prefill_steps_faster_than_the_profile_add_nothing_and_too_few_are_refused() -> None:
+    rows = [step("prefill", 1, 100, 90.0)] * 5  # the model: 100 ms
+    assert measure_prefill_overhead([("a", rows)], COST).ms == 0.0
+    with pytest.raises(ServingOverheadError, match=r"only 4 prefill steps.*--trace-steps"):
+        measure_prefill_overhead([("a", rows[:2]), ("b", [*rows[:2], step("decode", 1, 1, 9.0)])], COST)
+    with pytest.raises(ServingOverheadError, match="b step line 2: a prefill step needs batch_size"):
+        measure_prefill_overhead([("a", rows), ("b", [rows[0], {"kind": "prefill", "seconds": "x"}])], COST)
+
+
+def test_the_cli_fits_prefill_steps_from_serving_steps_files(tmp_path: Path) -> None:
+    a = tmp_path / "a.json"
+    table = DecodeTable((4, 8), (100,), ((100.0,), (100.0,)))
+    errors = ("decode_mean", "decode_max", "prefill_mean", "prefill_max")
+    fit = {**{f"{e}_abs_error_pct": 1.0 for e in errors}, "loop_overhead_ms": 0.2}
+    CostModel(DecodeCost(base_ms=100.0, table=table), PrefillCost(tokens_per_s=1000.0), {"fit": fit}).write(
+        str(a)
+    )
+    log = tmp_path / "serve.log"
+    log.write_text("\n".join([decode(4, 103.0, 400)] * 6) + "\n")  # decode: + 3 ms a step
+    steps = tmp_path / "steps.jsonl"
+    # the model's prefill of N tokens takes N ms; served: + 7, + 7, + 7, + 40, + 2 → the median, 7 ms
+    rows = [step("prefill", 1, n, n + extra) for n, extra in ((100, 7), (50, 7), (80, 7), (60, 40), (90, 2))]
+    steps.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "out.json"
+    base = ["profile", "--average", str(a), str(a), "--serving-log", str(log)]
+    run = subprocess.run([sys.executable, "-m", "kvadmit", *base, "--serving-steps", str(steps), "-o",
+                          str(out)], capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert (
+        "serving stack, prefill: 7.00 ms per prefill step beyond the executor (the median of 5" in run.stdout
+    )
+    assert "added to every decode step" in run.stdout
+    written = CostModel.from_file(str(out))
+    assert written.prefill.seconds(1, 100, 0) == pytest.approx(0.107)
+    assert written.decode.table is not None and written.decode.table.ms[0][0] == pytest.approx(
+        103.0, abs=0.05
+    )
+
+    def refused(*args: str) -> str:
+        average = ["profile", "--average", str(a), str(a)]
+        done = subprocess.run([sys.executable, "-m", "kvadmit", *average, *args],
+                              capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+        assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+        return done.stderr
+
+    assert "--serving-steps refines --serving-log's fit for prefill steps: give both" in refused(
+        "--serving-steps", str(steps)
+    )
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps(rows[0]) + "\nnot json\n")
+    assert f"--serving-steps {bad} line 2: not a JSON object" in refused(
+        "--serving-log", str(log), "--serving-steps", str(bad)
+    )
+    one = tmp_path / "one.jsonl"
+    one.write_text(json.dumps(rows[0]) + "\n")
+    assert "--serving-steps: only 1 prefill steps" in refused(
+        "--serving-log", str(log), "--serving-steps", str(one)
+    )
+    assert "cannot read" in refused(
+        "--serving-log", str(log), "--serving-steps", str(tmp_path / "none.jsonl")
+    )

@@ -68,7 +68,38 @@ def profile_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[typ
                    "(HTTP, streaming, the client on the same cores), fitted as a + b × running requests "
                    "over all the logs' steps and added to every step (several logs, taken at different "
                    "times, weigh a slow spell of the machine in one of them less)")  # fmt: skip
+    p.add_argument("--serving-steps", metavar="FILE", nargs="+", default=None,
+                   help="with --serving-log: kvadmit serve --trace-steps files of the same runs; each "
+                   "prefill step there minus the executor's time for it, their median, is added to every "
+                   "prefill step in place of the decode fit's a + b × requests (a log line has no prefill "
+                   "step time)")  # fmt: skip
     p.set_defaults(func=run_profile)
+
+
+def _step_rows(path: str) -> list[dict[str, object]]:
+    """A --trace-steps file's rows, or a UsageError naming the file and the line that is not one."""
+    import json
+    from pathlib import Path
+
+    try:
+        text = Path(path).read_text(encoding="utf-8", errors="replace")
+    except OSError as e:
+        raise UsageError(f"--serving-steps: cannot read {path!r}: {e.strerror}") from None
+    rows = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            row = None
+        if not isinstance(row, dict):
+            raise UsageError(
+                f"--serving-steps {path} line {n}: not a JSON object; give the files kvadmit serve "
+                "--trace-steps writes (one JSON object per step)"
+            )
+        rows.append(row)
+    return rows
 
 
 def run_profile(ns: argparse.Namespace) -> int:
@@ -76,8 +107,16 @@ def run_profile(ns: argparse.Namespace) -> int:
 
     from kvadmit.commands.costs import describe
     from kvadmit.executor.costmodel import CostModel
-    from kvadmit.executor.serving_overhead import ServingOverheadError, add_overhead, measure_overhead
+    from kvadmit.executor.serving_overhead import (
+        ServingOverheadError,
+        add_overhead,
+        measure_overhead,
+        measure_prefill_overhead,
+    )
 
+    if ns.serving_steps is not None and ns.serving_log is None:
+        raise UsageError("--serving-steps refines --serving-log's fit for prefill steps: give both")
+    serving_steps = [(path, _step_rows(path)) for path in ns.serving_steps or ()]
     serving_logs: list[list[str]] | None = None
     if ns.serving_log is not None:
         serving_logs = []
@@ -91,18 +130,35 @@ def run_profile(ns: argparse.Namespace) -> int:
             measure_overhead(serving_logs, CostModel())
         except ServingOverheadError as e:
             raise UsageError(f"--serving-log {logs_named}: {e}") from None
+        try:
+            if serving_steps:
+                measure_prefill_overhead(serving_steps, CostModel())
+        except ServingOverheadError as e:
+            raise UsageError(f"--serving-steps: {e}") from None
     cost = _averaged(ns) if ns.average is not None else _measured(ns)
     if serving_logs is not None:
         try:
             overhead = measure_overhead(serving_logs, cost)
         except ServingOverheadError as e:
             raise UsageError(f"--serving-log {logs_named}: {e}") from None
-        cost = add_overhead(cost, overhead, ", ".join(Path(x).name for x in ns.serving_log))
+        # against the bare executor's prefill times, as the decode fit is against its decode times (the
+        # steps were counted and checked above, so this cannot fail)
+        prefill = measure_prefill_overhead(serving_steps, cost) if serving_steps else None
+        steps_named = ", ".join(Path(x).name for x in ns.serving_steps or ())
+        cost = add_overhead(cost, overhead, ", ".join(Path(x).name for x in ns.serving_log),
+                            (prefill, steps_named) if prefill else None)  # fmt: skip
+        where = "to every decode step" if prefill else "to every step"
         print(
             f"serving stack: {overhead.base_ms:.2f} + {overhead.per_request_ms:.3f} × running requests ms "
             f"per step beyond the executor ({overhead.steps} decode steps of {logs_named}, "
-            f"{overhead.batch_sizes[0]}–{overhead.batch_sizes[1]} running), added to every step"
+            f"{overhead.batch_sizes[0]}–{overhead.batch_sizes[1]} running), added {where}"
         )
+        if prefill:
+            print(
+                f"serving stack, prefill: {prefill.ms:.2f} ms per prefill step beyond the executor (the "
+                f"median of {prefill.steps} prefill steps of {', '.join(ns.serving_steps)}), added to every "
+                "prefill step"
+            )
     fit = cost.meta["fit"]
     table = cost.decode.table
     print("\n".join(describe(cost, context=(max(table.context_lens) if table else 2048,))))

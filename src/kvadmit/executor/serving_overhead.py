@@ -15,11 +15,18 @@ machine's other work slowed moves a median little, and a handful of steps at one
 their weight), with a ≥ 0 and b ≥ 0 (the stack never makes a step faster: a negative intercept is
 refitted through 0); a constant when the log has one batch size. `add_overhead` adds it to every decode
 step, and to every prefill step as a + b × its requests (a prefill streams one token for each).
+
+A prefill step's own excess is not in a log (a Prefill batch line has no step time), but it is in the
+server's step trace (`kvadmit serve --trace-steps`): each prefill step's seconds there minus the cost
+model's for the same batch. On this 2-core machine it was 0–65 ms a step in the probes of
+benchmarks/sim_fidelity.py (a new request's HTTP handling runs beside its prefill), and it did not grow
+with the requests in the step; `measure_prefill_overhead` takes its median (≥ 0, as above), which
+`add_overhead` then adds to every prefill step in place of a + b × requests.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -42,6 +49,12 @@ class ServingOverhead:
 
     def ms(self, requests: int) -> float:
         return max(self.base_ms + self.per_request_ms * requests, 0.0)
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillOverhead:
+    ms: float  # added to every prefill step
+    steps: int  # prefill steps it was measured over
 
 
 MIN_STEPS = 5
@@ -84,6 +97,41 @@ def measure_overhead(logs: Sequence[Iterable[str]], cost: CostModel) -> ServingO
     return ServingOverhead(a, b, len(y), (int(x.min()), int(x.max())), float(y.mean()))
 
 
+def traced_prefills(
+    rows: Iterable[Mapping[str, object]], source: str
+) -> Iterator[tuple[int, int, int, float]]:
+    """(requests, new tokens, cached tokens, ms) of each prefill step of a `--trace-steps` file's rows."""
+    for n, row in enumerate(rows, 1):
+        if row.get("kind") != "prefill":
+            continue
+        values = [row.get(k) for k in ("batch_size", "new_tokens", "cached_tokens", "seconds")]
+        if not all(isinstance(v, int | float) and not isinstance(v, bool) and v >= 0 for v in values):
+            raise ServingOverheadError(
+                f"{source} step line {n}: a prefill step needs batch_size, new_tokens, cached_tokens and "
+                f"seconds, numbers ≥ 0 (as kvadmit serve --trace-steps writes them); got {dict(row)}"
+            )
+        requests, new, cached, seconds = values
+        yield int(requests), int(new), int(cached), 1000 * float(seconds)  # type: ignore[arg-type]
+
+
+def measure_prefill_overhead(
+    traces: Sequence[tuple[str, Iterable[Mapping[str, object]]]], cost: CostModel
+) -> PrefillOverhead:
+    """The median excess of the traces' prefill steps (each (source, rows)) over the cost model's time for
+    the same batch, ≥ 0."""
+    residual = [
+        ms - 1000 * cost.prefill.seconds(requests, new, cached)
+        for source, rows in traces
+        for requests, new, cached, ms in traced_prefills(rows, source)
+    ]
+    if len(residual) < MIN_STEPS:
+        raise ServingOverheadError(
+            f"only {len(residual)} prefill steps in the step traces (at least {MIN_STEPS} needed): give "
+            "kvadmit serve --trace-steps files of runs with enough requests (each prefill is a step)"
+        )
+    return PrefillOverhead(max(float(np.median(residual)), 0.0), len(residual))
+
+
 def _robust_line(batch: list[float], residual: list[float]) -> tuple[float, float]:
     """(a, b) ≥ 0 of a + b × batch, fitted to each batch size's median residual, weighted by its count."""
     groups: dict[float, list[float]] = {}
@@ -103,7 +151,11 @@ def _robust_line(batch: list[float], residual: list[float]) -> tuple[float, floa
     return max(float(a), 0.0), max(float(b), 0.0)
 
 
-def add_overhead(cost: CostModel, oh: ServingOverhead, source: str) -> CostModel:
+def add_overhead(
+    cost: CostModel, oh: ServingOverhead, source: str, prefill: tuple[PrefillOverhead, str] | None = None
+) -> CostModel:
+    """`oh` added to every decode step, and to every prefill step as a + b × its requests unless
+    `prefill` gives the prefill steps' own (measure_prefill_overhead, and where it was measured)."""
     d, p = cost.decode, cost.prefill
     table = d.table
     if table is not None:
@@ -113,8 +165,11 @@ def add_overhead(cost: CostModel, oh: ServingOverhead, source: str) -> CostModel
         )
     decode = replace(d, base_ms=max(d.base_ms + oh.base_ms, 0.0),
                      per_request_ms=max(d.per_request_ms + oh.per_request_ms, 0.0), table=table)  # fmt: skip
-    prefill = replace(p, base_ms=max(p.base_ms + oh.base_ms, 0.0),
-                      per_request_ms=max(p.per_request_ms + oh.per_request_ms, 0.0))  # fmt: skip
+    if prefill is None:
+        prefill_cost = replace(p, base_ms=max(p.base_ms + oh.base_ms, 0.0),
+                               per_request_ms=max(p.per_request_ms + oh.per_request_ms, 0.0))  # fmt: skip
+    else:
+        prefill_cost = replace(p, base_ms=p.base_ms + prefill[0].ms)
     meta = dict(cost.meta)
     meta["notes"] = [
         *meta.get("notes", []),
@@ -124,4 +179,11 @@ def add_overhead(cost: CostModel, oh: ServingOverhead, source: str) -> CostModel
     ]
     meta["fit"] = {**meta.get("fit", {}), "serving_overhead_base_ms": round(oh.base_ms, 3),
                    "serving_overhead_per_request_ms": round(oh.per_request_ms, 4)}  # fmt: skip
-    return CostModel(decode, prefill, meta)
+    if prefill is not None:
+        meta["notes"].append(
+            f"+ {prefill[0].ms:.2f} ms per prefill step (in place of the line above's a + b × requests "
+            f"there): the serving stack beyond the executor, the median of {prefill[0].steps} prefill "
+            f"steps of {prefill[1]}"
+        )
+        meta["fit"]["serving_prefill_overhead_ms"] = round(prefill[0].ms, 3)
+    return CostModel(decode, prefill_cost, meta)
