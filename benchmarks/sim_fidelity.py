@@ -10,9 +10,10 @@
    decode steps took beyond the executor's time for that batch (the serving stack: HTTP and streaming
    threads and the client on the same two cores), fitted as a + b × running requests and added to
    every decode step; and, from the probes' step traces (--trace-steps), what each of their prefill
-   steps took beyond the executor's time for it, the median added to every prefill step (0–65 ms in
-   the probes of earlier runs, larger than a + b × its requests: a new request's HTTP handling runs
-   beside its prefill).
+   steps took beyond the executor's time for it, the median added to every prefill step (1–106 ms in
+   today's probes, larger than a + b × its requests; our reading: a new request's HTTP handling runs
+   beside its prefill; at 17:51 C's prefills, of requests queued since the start, ran 13–24% faster
+   than the model).
 2. Four workloads, not used above (the fourth, D, is B's first 24 requests at 3 req/s, past what
    this machine's engine keeps up with: how far TTFT there follows the machine's drift): each runs
    against a fresh `kvadmit serve` (the default model, the same scheduler flags the simulation gets,

@@ -18,10 +18,10 @@ step, and to every prefill step as a + b × its requests (a prefill streams one 
 
 A prefill step's own excess is not in a log (a Prefill batch line has no step time), but it is in the
 server's step trace (`kvadmit serve --trace-steps`): each prefill step's seconds there minus the cost
-model's for the same batch. On this 2-core machine it was 0–65 ms a step in the probes of
-benchmarks/sim_fidelity.py (a new request's HTTP handling runs beside its prefill), and it did not grow
-with the requests in the step; `measure_prefill_overhead` takes its median (≥ 0, as above), which
-`add_overhead` then adds to every prefill step in place of a + b × requests.
+model's for the same batch. On this 2-core machine it was 1–106 ms a step in the probes of
+benchmarks/sim_fidelity.py (our reading: a new request's HTTP handling runs beside its prefill), and it
+did not grow steadily with the requests in the step; `measure_prefill_overhead` takes its median (≥ 0,
+as above), which `add_overhead` then adds to every prefill step in place of a + b × requests.
 """
 
 from __future__ import annotations
