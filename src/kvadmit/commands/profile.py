@@ -146,14 +146,14 @@ def run_profile(ns: argparse.Namespace) -> int:
         prefill = measure_prefill_overhead(serving_steps, cost) if serving_steps else None
         steps_named = ", ".join(Path(x).name for x in ns.serving_steps or ())
         cost = add_overhead(cost, overhead, ", ".join(Path(x).name for x in ns.serving_log),
-                            (prefill, steps_named) if prefill else None)  # fmt: skip
-        where = "to every decode step" if prefill else "to every step"
+                            None if prefill is None else (prefill, steps_named))  # fmt: skip
+        where = "to every step" if prefill is None else "to every decode step"
         print(
             f"serving stack: {overhead.base_ms:.2f} + {overhead.per_request_ms:.3f} × running requests ms "
             f"per step beyond the executor ({overhead.steps} decode steps of {logs_named}, "
             f"{overhead.batch_sizes[0]}–{overhead.batch_sizes[1]} running), added {where}"
         )
-        if prefill:
+        if prefill is not None:
             print(
                 f"serving stack, prefill: {prefill.ms:.2f} ms per prefill step beyond the executor (the "
                 f"median of {prefill.steps} prefill steps of {', '.join(ns.serving_steps)}), added to every "
