@@ -97,12 +97,9 @@ REQUEST_LATENCY_MS = 5.0
 
 
 def request_latency_ms(out: Path) -> tuple[float, str]:
-    trace = out / "probe.trace.jsonl"
-    if not trace.is_file():
+    if not (out / "probe.trace.jsonl").is_file():
         return REQUEST_LATENCY_MS, "assumed"
-    settled = int((out / "probe.settled").read_text(encoding="utf-8"))
-    rows = jsonl(trace)
-    http = [r["http_ms"] for r in rows if r["seq"] >= settled and "http_ms" in r]
+    http = [r["http_ms"] for r in measured_requests(PROBE, out) if "http_ms" in r]
     if not http:
         return REQUEST_LATENCY_MS, "assumed"
     return round(statistics.median(http), 1), f"the probe's median http_ms over {len(http)} requests"
@@ -233,23 +230,27 @@ def kept_run(w: Workload, out: Path) -> tuple[Path, list[str]]:
     return out / f"{slug(w.name)}.bench.jsonl", lines[flushed + 1 :]
 
 
-def measured_trace(w: Workload, out: Path) -> Path:
-    """The server's trace cut to the measured run (the requests received after the settling ones)."""
+def measured_requests(w: Workload, out: Path) -> list[dict]:
+    """The rows of the server's request trace for the measured run (received after the settling ones)."""
     settled = int((out / f"{slug(w.name)}.settled").read_text(encoding="utf-8"))
-    rows = jsonl(out / f"{slug(w.name)}.trace.jsonl")
-    cut = out / f"{slug(w.name)}.trace.measured.jsonl"
-    cut.write_text("".join(json.dumps(r) + "\n" for r in rows if r["seq"] >= settled), encoding="utf-8")
-    return cut
+    return [r for r in jsonl(out / f"{slug(w.name)}.trace.jsonl") if r["seq"] >= settled]
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def measured_trace(w: Workload, out: Path) -> Path:
+    """The server's trace cut to the measured run."""
+    return write_jsonl(out / f"{slug(w.name)}.trace.measured.jsonl", measured_requests(w, out))
 
 
 def measured_steps(w: Workload, out: Path) -> Path:
     """The server's --trace-steps cut to the measured run (the steps after the settling run's)."""
-    settled = int((out / f"{slug(w.name)}.settled").read_text(encoding="utf-8"))
-    base = min(r["arrival_step"] for r in jsonl(out / f"{slug(w.name)}.trace.jsonl") if r["seq"] >= settled)
-    cut = out / f"{slug(w.name)}.served-steps.measured.jsonl"
+    base = min(r["arrival_step"] for r in measured_requests(w, out))
     rows = [r for r in jsonl(steps_file(w, out)) if r["step"] > base]
-    cut.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    return cut
+    return write_jsonl(out / f"{slug(w.name)}.served-steps.measured.jsonl", rows)
 
 
 def profile_executor(cost: Path, out: Path) -> None:

@@ -130,11 +130,11 @@ def run_profile(ns: argparse.Namespace) -> int:
             measure_overhead(serving_logs, CostModel())
         except ServingOverheadError as e:
             raise UsageError(f"--serving-log {logs_named}: {e}") from None
-        try:
-            if serving_steps:
+        if serving_steps:
+            try:
                 measure_prefill_overhead(serving_steps, CostModel())
-        except ServingOverheadError as e:
-            raise UsageError(f"--serving-steps: {e}") from None
+            except ServingOverheadError as e:
+                raise UsageError(f"--serving-steps: {e}") from None
     cost = _averaged(ns) if ns.average is not None else _measured(ns)
     if serving_logs is not None:
         try:
