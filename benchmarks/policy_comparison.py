@@ -20,7 +20,7 @@ import os
 import platform
 
 from kvadmit.config import ServerArgs
-from kvadmit.executor.costspec import resolve_cost_model
+from kvadmit.costmodel.costspec import resolve_cost_model
 from kvadmit.sim.run import SimConfig
 from kvadmit.sim.sweep import PointResult, SweepPoint, default_workers, run_points
 from kvadmit.sim.workload import WorkloadSpec

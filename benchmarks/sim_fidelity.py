@@ -69,8 +69,8 @@ from pathlib import Path
 
 import httpx
 
-from kvadmit.executor.costmodel import CostModel
-from kvadmit.executor.serving_overhead import PrefillOverhead, ServingOverhead, add_overhead
+from kvadmit.costmodel.costmodel import CostModel
+from kvadmit.costmodel.serving_overhead import PrefillOverhead, ServingOverhead, add_overhead
 from kvadmit.observe.decisions import Decision, compare, decisions
 from machine import cpu_model
 

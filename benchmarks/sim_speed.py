@@ -26,7 +26,7 @@ import time
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # one core
 
 from kvadmit.config import ServerArgs
-from kvadmit.executor.costmodel import CostModel
+from kvadmit.costmodel.costmodel import CostModel
 from kvadmit.sim.run import SimConfig, simulate
 from kvadmit.sim.workload import WorkloadSpec
 from machine import cpu_model, publish

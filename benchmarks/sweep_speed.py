@@ -26,7 +26,7 @@ import time
 from dataclasses import replace
 
 from kvadmit.config import ServerArgs
-from kvadmit.executor.costspec import resolve_cost_model
+from kvadmit.costmodel.costspec import resolve_cost_model
 from kvadmit.sim.run import SimConfig
 from kvadmit.sim.sweep import SweepPoint, default_workers, run_point, run_points
 from kvadmit.sim.workload import WorkloadSpec

@@ -11,7 +11,7 @@ import pytest
 
 from helpers import make_req, make_scheduler, step
 from kvadmit.config import ConfigError, ServerArgs
-from kvadmit.executor.costmodel import CostModel
+from kvadmit.costmodel.costmodel import CostModel
 from kvadmit.scheduler.events import Retraction
 from kvadmit.sim.run import SimConfig
 from kvadmit.sim.sweep import SweepPoint, run_point

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from kvadmit.config import ServerArgs
-from kvadmit.executor.calibrate import CalibrationError, calibrate, calibrate_files
-from kvadmit.executor.fit import fit_step_time
+from kvadmit.costmodel.calibrate import CalibrationError, calibrate, calibrate_files
+from kvadmit.costmodel.fit import fit_step_time
 from kvadmit.observe import loglines
 from kvadmit.sim.run import SimConfig, simulate
 from kvadmit.sim.workload import WorkloadSpec

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from kvadmit.executor.costmodel import CostModel, CostModelError, DecodeCost, PrefillCost
-from kvadmit.executor.costspec import resolve_cost_model
-from kvadmit.executor.shapes import MODELS, find_model
+from kvadmit.costmodel.costmodel import CostModel, CostModelError, DecodeCost, PrefillCost
+from kvadmit.costmodel.costspec import resolve_cost_model
+from kvadmit.costmodel.shapes import MODELS, find_model
 
 
 @pytest.mark.parametrize(
@@ -105,7 +105,7 @@ def test_names_are_forgiving() -> None:
 def test_the_rtx4090_qwen3_4b_roofline_predicts_the_q2_logs_decode_lines() -> None:
     # Logs 03 and 04 are Qwen3-4B on an RTX 4090 (README). Lines with no prefill in their window:
     # tokens/s = #running-req / step time at #token tokens of KV.
-    from kvadmit.executor.calibrate import calibrate_files
+    from kvadmit.costmodel.calibrate import calibrate_files
 
     cost = resolve_cost_model("rtx4090:qwen3-4b")
     cal = calibrate_files([f"/work/shared/logs/{n}" for n in (

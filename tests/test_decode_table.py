@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from kvadmit.executor.costmodel import CostModel, CostModelError, DecodeCost, DecodeTable
+from kvadmit.costmodel.costmodel import CostModel, CostModelError, DecodeCost, DecodeTable
 
 # batch sizes 1, 2, 4 × 100 and 300 tokens of context per request
 TABLE = DecodeTable((1, 2, 4), (100, 300), ((10.0, 14.0), (20.0, 24.0), (24.0, 32.0)))

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from kvadmit.config import ServerArgs
+from kvadmit.costmodel.costmodel import CostModel
 from kvadmit.doctor.diagnose import Inputs, diagnose
 from kvadmit.doctor.model import Diagnosis
-from kvadmit.executor.costmodel import CostModel
 from kvadmit.sim.run import SimConfig, simulate
 from kvadmit.sim.workload import WorkloadSpec
 

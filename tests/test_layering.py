@@ -11,8 +11,8 @@ def test_the_core_imports_without_torch() -> None:
     code = (
         "import sys, kvadmit.cli, kvadmit.scheduler.scheduler, kvadmit.capacity.answer, kvadmit.sim.run, "
         "kvadmit.engine, kvadmit.doctor.diagnose, kvadmit.doctor.report, kvadmit.doctor.html, "
-        "kvadmit.doctor.watch, kvadmit.bench.run, kvadmit.bench.metrics, kvadmit.executor.calibrate, "
-        "kvadmit.executor.costspec, kvadmit.sim.sweep, kvadmit.sim.rate_search, kvadmit.sim.replay, "
+        "kvadmit.doctor.watch, kvadmit.bench.run, kvadmit.bench.metrics, kvadmit.costmodel.calibrate, "
+        "kvadmit.costmodel.costspec, kvadmit.sim.sweep, kvadmit.sim.rate_search, kvadmit.sim.replay, "
         "kvadmit.commands.costs, kvadmit.commands.sweep, kvadmit.commands.profile; "
         "kvadmit.cli.build_parser(); print('torch' in sys.modules)"
     )

@@ -1,4 +1,4 @@
-"""`kvadmit profile --average`: the mean of several profiles of one machine (executor/profile_average.py).
+"""`kvadmit profile --average`: the mean of several profiles of one machine (costmodel/profile_average.py).
 The expected numbers are worked out by hand from the rule: the mean of the numbers predicts the mean of
 the predictions, so tokens/s is averaged as ms per token."""
 
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from kvadmit.executor.costmodel import CostModel, DecodeCost, DecodeTable, PrefillCost
-from kvadmit.executor.profile_average import ProfileAverageError, average_profiles
+from kvadmit.costmodel.costmodel import CostModel, DecodeCost, DecodeTable, PrefillCost
+from kvadmit.costmodel.profile_average import ProfileAverageError, average_profiles
 from kvadmit.observe.loglines import DECODE
 
 SIZES, LENS = (1, 4), (64, 256)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from kvadmit.config import ServerArgs
-from kvadmit.executor.costmodel import CostModel
+from kvadmit.costmodel.costmodel import CostModel
 from kvadmit.sim.replay import ReplayError, parse_replay
 from kvadmit.sim.run import SimConfig, simulate
 from kvadmit.sim.workload import WorkloadSpec

@@ -1,4 +1,4 @@
-"""The serving stack's overhead per step, read from a server log (executor/serving_overhead.py). The
+"""The serving stack's overhead per step, read from a server log (costmodel/serving_overhead.py). The
 logs here are written with the server's own line formats; the expected fit is worked out by hand."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from kvadmit.executor.costmodel import CostModel, DecodeCost, DecodeTable, PrefillCost
-from kvadmit.executor.serving_overhead import (
+from kvadmit.costmodel.costmodel import CostModel, DecodeCost, DecodeTable, PrefillCost
+from kvadmit.costmodel.serving_overhead import (
     ServingOverhead,
     ServingOverheadError,
     add_overhead,

@@ -13,7 +13,7 @@ import pytest
 from kvadmit.bench.metrics import BenchmarkMetrics
 from kvadmit.bench.summary import render_summary
 from kvadmit.config import ServerArgs
-from kvadmit.executor.costmodel import CostModel
+from kvadmit.costmodel.costmodel import CostModel
 from kvadmit.observe import loglines
 from kvadmit.sim.run import SimConfig, SimResult, simulate
 from kvadmit.sim.workload import WorkloadSpec

@@ -10,7 +10,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from kvadmit.config import ServerArgs
-from kvadmit.executor.costmodel import CostModel
+from kvadmit.costmodel.costmodel import CostModel
 from kvadmit.sim.rate_search import Target, search_max_rate
 from kvadmit.sim.run import SimConfig
 from kvadmit.sim.svgplot import nice_ticks

@@ -16,7 +16,7 @@ import ray  # a dev dependency: where it is missing these tests fail, they do no
 
 from kvadmit.cli import main
 from kvadmit.config import ServerArgs
-from kvadmit.executor.costmodel import CostModel
+from kvadmit.costmodel.costmodel import CostModel
 from kvadmit.sim.run import SimConfig
 from kvadmit.sim.sweep import PointResult, SweepPoint, run_point, run_points
 from kvadmit.sim.workload import WorkloadSpec

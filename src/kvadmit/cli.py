@@ -228,8 +228,8 @@ def add_simulate_flags(p: argparse.ArgumentParser) -> None:
 
 def simulate_config(ns: argparse.Namespace) -> SimConfig:
     """The SimConfig that `simulate`'s flags describe; UsageError names a bad flag."""
-    from kvadmit.executor.costmodel import CostModel, CostModelError
-    from kvadmit.executor.costspec import resolve_cost_model
+    from kvadmit.costmodel.costmodel import CostModel, CostModelError
+    from kvadmit.costmodel.costspec import resolve_cost_model
     from kvadmit.sim.replay import ReplayError, load_replay
     from kvadmit.sim.run import SimConfig
     from kvadmit.sim.workload import WorkloadSpec

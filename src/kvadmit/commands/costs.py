@@ -6,9 +6,9 @@ import argparse
 import json
 import sys
 
+from kvadmit.costmodel.calibrate import Calibration
+from kvadmit.costmodel.costmodel import CostModel
 from kvadmit.errors import UsageError
-from kvadmit.executor.calibrate import Calibration
-from kvadmit.executor.costmodel import CostModel
 
 SHOWN_LINES = 40  # per-line rows printed before only the worst are kept
 
@@ -32,7 +32,7 @@ def calibrate_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
 
 
 def run_calibrate(ns: argparse.Namespace) -> int:
-    from kvadmit.executor.calibrate import CalibrationError, calibrate_files
+    from kvadmit.costmodel.calibrate import CalibrationError, calibrate_files
 
     if ns.decode_log_interval <= 0:
         raise UsageError(f"--decode-log-interval must be positive, got {ns.decode_log_interval}")
@@ -118,10 +118,10 @@ def cost_model_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[
 
 
 def run_cost_model(ns: argparse.Namespace) -> int:
-    from kvadmit.executor.costmodel import CostModelError
-    from kvadmit.executor.costspec import resolve_cost_model
-    from kvadmit.executor.roofline import GPUS
-    from kvadmit.executor.shapes import MODELS
+    from kvadmit.costmodel.costmodel import CostModelError
+    from kvadmit.costmodel.costspec import resolve_cost_model
+    from kvadmit.costmodel.roofline import GPUS
+    from kvadmit.costmodel.shapes import MODELS
 
     if ns.list or not ns.spec:
         print("GPUs:   " + ", ".join(f"{g.name} ({g.bytes_per_s / 1e12:g} TB/s, {g.flops / 1e12:g} TFLOPS)"

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from kvadmit.errors import UsageError
 
 if TYPE_CHECKING:
-    from kvadmit.executor.costmodel import CostModel
+    from kvadmit.costmodel.costmodel import CostModel
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -106,8 +106,8 @@ def run_profile(ns: argparse.Namespace) -> int:
     from pathlib import Path
 
     from kvadmit.commands.costs import describe
-    from kvadmit.executor.costmodel import CostModel
-    from kvadmit.executor.serving_overhead import (
+    from kvadmit.costmodel.costmodel import CostModel
+    from kvadmit.costmodel.serving_overhead import (
         ServingOverheadError,
         add_overhead,
         measure_overhead,
@@ -186,8 +186,8 @@ def run_profile(ns: argparse.Namespace) -> int:
 
 def _averaged(ns: argparse.Namespace) -> CostModel:
     """--average: the mean of the given profiles; nothing is measured."""
-    from kvadmit.executor.costmodel import CostModel, CostModelError
-    from kvadmit.executor.profile_average import ProfileAverageError, average_profiles
+    from kvadmit.costmodel.costmodel import CostModel, CostModelError
+    from kvadmit.costmodel.profile_average import ProfileAverageError, average_profiles
 
     given = [flag for flag, _, _ in GRID if getattr(ns, _dest(flag)) is not None]
     given += ["--repeats"] if ns.repeats is not None else []
@@ -212,7 +212,7 @@ def _measured(ns: argparse.Namespace) -> CostModel:
 
     import torch
 
-    from kvadmit.executor.profile import Measurement, profile_model, with_metadata
+    from kvadmit.costmodel.profile import Measurement, profile_model, with_metadata
     from kvadmit.model.default import DefaultModelError
     from kvadmit.model.device import default_device, resolve_dtype
     from kvadmit.model.loading import ModelLoadError, load_hf_folder

@@ -13,8 +13,8 @@ from __future__ import annotations
 import operator
 from collections.abc import Mapping
 
+from kvadmit.costmodel.costmodel import CostModel
 from kvadmit.executor.base import StepResult
-from kvadmit.executor.costmodel import CostModel
 from kvadmit.request import Req
 from kvadmit.scheduler.types import ScheduledBatch
 

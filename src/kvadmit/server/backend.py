@@ -9,8 +9,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvadmit.costmodel.costmodel import CostModel
 from kvadmit.executor.base import Executor, StepResult
-from kvadmit.executor.costmodel import CostModel
 from kvadmit.scheduler.types import ScheduledBatch
 
 SIMULATED_POOL_DEFAULT = 200_000  # tokens, when --simulate runs without --max-total-tokens
@@ -66,7 +66,7 @@ class RealTimeSimulatedExecutor:
 def simulated_backend(
     cost_model: str, tokenizer_path: str | None, max_total_tokens: int | None, context_length: int | None
 ) -> Backend:
-    from kvadmit.executor.costspec import resolve_cost_model
+    from kvadmit.costmodel.costspec import resolve_cost_model
     from kvadmit.server.byte_tokenizer import ByteTokenizer
 
     cost = resolve_cost_model(cost_model)  # a JSON file or a preset such as h100:llama-3-8b

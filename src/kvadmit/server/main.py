@@ -98,7 +98,7 @@ def build_state(ns: argparse.Namespace, args: ServerArgs) -> Any:
         raise UsageError(f"--trace-requests and --trace-steps both name {ns.trace_steps!r}: give each its "
                          "own file")  # fmt: skip
     if ns.simulate:
-        from kvadmit.executor.costmodel import CostModelError
+        from kvadmit.costmodel.costmodel import CostModelError
 
         try:
             backend = simulated_backend(

@@ -14,9 +14,9 @@ from typing import IO
 
 from kvadmit.bench.metrics import BenchmarkMetrics, RequestOutcome, calculate_metrics
 from kvadmit.config import ServerArgs
+from kvadmit.costmodel.costmodel import CostModel
 from kvadmit.engine import Engine, StepObserver, VirtualClock
 from kvadmit.executor.base import StepResult
-from kvadmit.executor.costmodel import CostModel
 from kvadmit.executor.simulated import EOS_TOKEN_ID, SimulatedExecutor
 from kvadmit.observe.sglang_log import SGLangLogWriter
 from kvadmit.observe.step_trace import step_row

@@ -29,10 +29,10 @@ from dataclasses import dataclass
 import torch
 
 from kvadmit.config import ServerArgs
+from kvadmit.costmodel.costmodel import CostModel, DecodeCost, DecodeTable, PrefillCost
+from kvadmit.costmodel.fit import StepFit, fit_step_time
 from kvadmit.engine import Engine, WallClock
 from kvadmit.executor.base import StepResult
-from kvadmit.executor.costmodel import CostModel, DecodeCost, DecodeTable, PrefillCost
-from kvadmit.executor.fit import StepFit, fit_step_time
 from kvadmit.executor.torch_runner import TorchExecutor
 from kvadmit.model.llama import CausalLM
 from kvadmit.request import Req, SamplingLimits

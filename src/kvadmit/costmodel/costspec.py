@@ -5,7 +5,7 @@
     a100:qwen3-8b:bw_eff=0.7   another bandwidth efficiency than the stated 0.80
 
 Keys after the model: tp, bw_eff, decode_eff, prefill_eff, allreduce_us, weight_bytes, kv_bytes
-(see executor/roofline.py for what each means).
+(see costmodel/roofline.py for what each means).
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from __future__ import annotations
 import os
 from dataclasses import fields, replace
 
-from kvadmit.executor.costmodel import CostModel, CostModelError
-from kvadmit.executor.roofline import GPUS, Efficiency, find_gpu, roofline
-from kvadmit.executor.shapes import MODELS, find_model
+from kvadmit.costmodel.costmodel import CostModel, CostModelError
+from kvadmit.costmodel.roofline import GPUS, Efficiency, find_gpu, roofline
+from kvadmit.costmodel.shapes import MODELS, find_model
 
 
 def preset_names() -> str:

@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from kvadmit.executor.costmodel import CostModel, DecodeTable
+from kvadmit.costmodel.costmodel import CostModel, DecodeTable
 from kvadmit.observe.loglines import DECODE
 
 

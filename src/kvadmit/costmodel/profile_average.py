@@ -15,7 +15,7 @@ import statistics
 from dataclasses import fields, replace
 from typing import Any
 
-from kvadmit.executor.costmodel import CostModel, DecodeCost, DecodeTable, PrefillCost
+from kvadmit.costmodel.costmodel import CostModel, DecodeCost, DecodeTable, PrefillCost
 
 
 class ProfileAverageError(ValueError):

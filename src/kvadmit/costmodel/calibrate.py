@@ -27,8 +27,8 @@ import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from kvadmit.executor.costmodel import CostModel, DecodeCost, PrefillCost
-from kvadmit.executor.fit import FitError, StepFit, fit_step_time
+from kvadmit.costmodel.costmodel import CostModel, DecodeCost, PrefillCost
+from kvadmit.costmodel.fit import FitError, StepFit, fit_step_time
 from kvadmit.observe.logread import BatchLine, read_batch_lines
 
 # Fit columns → decode base_ms, per_request_ms, per_kv_token_ms; ms per prefill token, prefill base_ms.

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvadmit.executor.costmodel import CostModel, DecodeCost, PrefillCost
-from kvadmit.executor.shapes import ModelShape
+from kvadmit.costmodel.costmodel import CostModel, DecodeCost, PrefillCost
+from kvadmit.costmodel.shapes import ModelShape
 
 
 @dataclass(frozen=True, slots=True)
