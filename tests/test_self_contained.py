@@ -19,7 +19,7 @@ DOTS = ".."
 SHARED = DOTS + "/" + "shared"
 # An absolute path on a development machine: under the work, root, home/<user> or Users/<user> folders
 # at the top of the file system.
-# The look-behind keeps a URL's path (".../network/work/...") from matching.
+# The look-behind keeps a folder of that name inside a URL's path (after another folder) from matching.
 MACHINE_DIRS = "|".join(["wo" + "rk", "ro" + "ot", "ho" + "me/[^/\\s]+", "Us" + "ers/[^/\\s]+"])
 FORBIDDEN = re.compile(re.escape(SHARED) + "|(?<![\\w.~-])/(?:" + MACHINE_DIRS + ")/")
 
