@@ -46,6 +46,8 @@ many times slower) and its cache is flushed; the logs and traces are compared fr
 
 Run: python benchmarks/sim_fidelity.py [--out DIR]   (about 33 minutes on 2 shared cores)
      python benchmarks/sim_fidelity.py --kept DIR       (simulate again against DIR's real runs)
+The repository keeps only the printed tables (benchmarks/sim_fidelity.txt); a run's raw files (logs,
+traces, bench files, cost models: a few MB) stay in the --out DIR, outside the repository.
 """
 
 from __future__ import annotations

@@ -16,17 +16,15 @@ from kvadmit.observe import loglines
 from kvadmit.sim.run import SimConfig, simulate
 from kvadmit.sim.workload import WorkloadSpec
 
-LOGS = Path("/work/shared/logs")
+LOGS = Path(__file__).parent / "data" / "logs"
 Q2_RUN = [LOGS / name for name in (
     "03-sglang-q2-qwen3-4b-healthy-ramp.log",
     "04-sglang-q2-qwen3-4b-retraction-burst.log",
     "07-sglang-q2-qwen3-4b-queue-drain.log",
 )]  # fmt: skip
 MISSION_LOG = Path(__file__).parent / "data" / "mission-small-pool.log"
-needs_logs = pytest.mark.skipif(not all(p.is_file() for p in Q2_RUN), reason="shared logs not present")
 
 
-@needs_logs
 def test_a_model_calibrated_on_the_q2_run_predicts_its_gen_throughput_within_15_percent() -> None:
     cal = calibrate_files([str(p) for p in Q2_RUN])
     known = [w for w in cal.windows if w.window_known]
@@ -45,7 +43,6 @@ def test_a_model_calibrated_on_the_q2_run_predicts_its_gen_throughput_within_15_
     assert cal.cost.meta["fit"]["decode_windows"] == len(cal.windows)
 
 
-@needs_logs
 def test_the_window_of_a_drained_queue_carries_its_prefills() -> None:
     # 07 line 15: five Prefill batch lines (702 + 2048 + 1598 + 2048 + 1924 tokens) fall between it and
     # the decode line before; their time is part of what its gen throughput divides by.
@@ -108,7 +105,6 @@ def test_a_log_without_decode_lines_cannot_be_calibrated() -> None:
         calibrate([("x", ["[2026-01-01 00:00:00] Prefill batch, #new-seq: 1, #new-token: 5"])])
 
 
-@needs_logs
 def test_the_cli_writes_a_cost_model_that_simulate_reads(tmp_path: Path) -> None:
     out = tmp_path / "q2.json"
     run = subprocess.run(

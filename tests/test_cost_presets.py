@@ -100,15 +100,14 @@ def test_names_are_forgiving() -> None:
     assert resolve_cost_model("H100-SXM:SmolLM2-135M-Instruct").name == "h100:smollm2-135m"
 
 
-@pytest.mark.skipif(not Path("/work/shared/logs/04-sglang-q2-qwen3-4b-retraction-burst.log").is_file(),
-                    reason="shared logs not present")  # fmt: skip
 def test_the_rtx4090_qwen3_4b_roofline_predicts_the_q2_logs_decode_lines() -> None:
     # Logs 03 and 04 are Qwen3-4B on an RTX 4090 (README). Lines with no prefill in their window:
     # tokens/s = #running-req / step time at #token tokens of KV.
     from kvadmit.costmodel.calibrate import calibrate_files
 
     cost = resolve_cost_model("rtx4090:qwen3-4b")
-    cal = calibrate_files([f"/work/shared/logs/{n}" for n in (
+    logs = Path(__file__).parent / "data" / "logs"
+    cal = calibrate_files([str(logs / n) for n in (
         "03-sglang-q2-qwen3-4b-healthy-ramp.log", "04-sglang-q2-qwen3-4b-retraction-burst.log")])  # fmt: skip
     clean = [w for w in cal.windows if w.window_known and not w.prefills]
     assert len(clean) >= 20

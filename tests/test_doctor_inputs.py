@@ -17,9 +17,7 @@ import pytest
 from kvadmit.cli import main
 from kvadmit.doctor.diagnose import Inputs, diagnose
 
-LOGS = Path(__file__).resolve().parents[2] / "shared" / "logs"
-if not LOGS.is_dir():
-    LOGS = Path(__file__).resolve().parents[1] / "shared" / "logs"
+LOGS = Path(__file__).parent / "data" / "logs"
 BURST = LOGS / "04-sglang-q2-qwen3-4b-retraction-burst.log"
 
 

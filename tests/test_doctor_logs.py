@@ -1,6 +1,6 @@
-"""Every shared real log gets the verdict its README label gives, with the lines that show it.
+"""Every real log excerpt gets the verdict its README label gives, with the lines that show it.
 
-The labels are read from ../shared/logs/README.md (the first word of the Label column); the quoted
+The labels are read from tests/data/logs/README.md (the first word of the Label column); the quoted
 fragments each test expects in the evidence are the ones that README's "Why" column quotes."""
 
 from __future__ import annotations
@@ -14,9 +14,7 @@ import pytest
 from kvadmit.doctor.diagnose import Inputs, diagnose
 from kvadmit.doctor.model import Diagnosis
 
-LOGS = Path(__file__).resolve().parents[2] / "shared" / "logs"
-if not LOGS.is_dir():  # the worktree sits beside shared/; a plain clone has it under the repository
-    LOGS = Path(__file__).resolve().parents[1] / "shared" / "logs"
+LOGS = Path(__file__).parent / "data" / "logs"
 
 
 def readme_labels() -> dict[str, str]:

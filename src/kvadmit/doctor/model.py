@@ -8,7 +8,7 @@ from typing import Any
 from kvadmit.doctor.timeline import Timeline
 from kvadmit.doctor.trackers import Quote
 
-# The verdicts (the labels of ../shared/logs/README.md).
+# The verdicts (the labels of the real log excerpts in tests/data/logs/README.md).
 HEALTHY_QUEUE = "healthy-queue"
 IDLE_POOL = "idle-pool-with-queue"
 STORM = "retraction-storm"
