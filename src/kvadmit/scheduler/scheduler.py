@@ -10,6 +10,10 @@ This is the thin orchestrator over admission, ratio, retraction and ordering. It
                     nothing to do: if fully idle, reset the ratio.
     on_batch_done(): append the sampled tokens, finish requests, hand KV to the prefix cache.
 
+Three mixins hold the rest of its methods, each over the state kept here: intake.py (add_request: the
+output budget granted, rejections; abort_request), decode_memory.py (the decode memory check and
+retraction) and results.py (on_batch_done).
+
 It never reads a clock and never imports torch; the same inputs give the same decisions.
 """
 
