@@ -67,9 +67,8 @@ def sglang_running_offset(reqs: list[Req], ratio: float, clip: int, full_for_ign
     starting from int 0 (r = 1.0 for ignore_eos requests under 0.5.22, else the new-token ratio)."""
     total: float | int = 0
     for r in reqs:
-        s = r.sampling
-        total += min(s.max_new_tokens - len(r.output_ids), clip) * (
-            1.0 if full_for_ignore_eos and s.ignore_eos else ratio
+        total += min(r.max_new_tokens - len(r.output_ids), clip) * (
+            1.0 if full_for_ignore_eos and r.sampling.ignore_eos else ratio
         )
     return total
 
@@ -108,7 +107,9 @@ def build_steady_state(n_running: int, n_waiting: int, rng: random.Random) -> Sc
     sched = Scheduler(args)
     for i in range(n_running + n_waiting):
         prompt = rng.choices(VOCAB, k=rng.randint(64, 512))
-        sampling = SamplingLimits(max_new_tokens=rng.randint(3_000, 30_000), ignore_eos=rng.random() < 0.1)
+        sampling = SamplingLimits(
+            requested_max_new_tokens=rng.randint(3_000, 30_000), ignore_eos=rng.random() < 0.1
+        )
         assert sched.add_request(Req(rid=str(i), origin_input_ids=prompt, sampling=sampling))
     while True:
         batch = sched.next_batch()
@@ -229,7 +230,7 @@ def measure_size(n_running: int, rounds: int, target_ns: float, rng: random.Rand
 
     # The full decode step. Every request has ≥ 3,000 tokens to go; take fewer steps than the least.
     tokens = [0] * n_running
-    step_budget = min(r.sampling.max_new_tokens - len(r.output_ids) for r in sched.running.reqs) - 1
+    step_budget = min(r.max_new_tokens - len(r.output_ids) for r in sched.running.reqs) - 1
 
     def step() -> None:
         batch = sched.next_batch()
@@ -267,7 +268,7 @@ def population(rng: random.Random, size: int = 2048) -> list[Req]:
     for i in range(size):
         max_new = rng.randint(1, 9_000)
         outputs = [0] * rng.randint(0, min(max_new, 3_000))
-        sampling = SamplingLimits(max_new_tokens=max_new, ignore_eos=rng.random() < 0.15)
+        sampling = SamplingLimits(requested_max_new_tokens=max_new, ignore_eos=rng.random() < 0.15)
         prompt = [0] * rng.randint(1, 2_000)
         reqs.append(Req(rid=f"r{i}", origin_input_ids=prompt, sampling=sampling, output_ids=outputs))
     return reqs
@@ -286,12 +287,8 @@ def pick_ratio(rng: random.Random, reqs: list[Req], clip: int, full: bool) -> fl
         return rng.choice((1.0, 0.5, 0.25, 0.7))
     # Adversarial: ratio = k / S over the ratio-scaled terms, so the real-number reservation is an
     # integer and the batch-order float sum lands a few ulps to either side of it.
-    s = sum(min(r.sampling.max_new_tokens - len(r.output_ids), clip) for r in reqs)
-    s -= sum(
-        min(r.sampling.max_new_tokens - len(r.output_ids), clip)
-        for r in reqs
-        if full and r.sampling.ignore_eos
-    )
+    s = sum(min(r.max_new_tokens - len(r.output_ids), clip) for r in reqs)
+    s -= sum(min(r.max_new_tokens - len(r.output_ids), clip) for r in reqs if full and r.sampling.ignore_eos)
     return rng.randint(1, s) / s if s > 0 else rng.uniform(0.02, 1.0)
 
 

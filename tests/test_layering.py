@@ -49,3 +49,19 @@ def test_lower_layers_never_import_upper_ones() -> None:
     for path in lower:
         text = path.read_text(encoding="utf-8")
         assert "kvadmit.server" not in text and "kvadmit.cli" not in text, path
+
+
+def test_memory_imports_nothing_of_kvadmit_but_itself() -> None:
+    """memory/ sits at the bottom: the cache knows a request only through its own CachedRequest protocol."""
+    import ast
+    from pathlib import Path
+
+    import kvadmit
+
+    for path in (Path(kvadmit.__file__).parent / "memory").glob("*.py"):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            names += [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            for name in names:
+                assert not name.startswith("kvadmit") or name.startswith("kvadmit.memory"), (path, name)

@@ -11,9 +11,11 @@ from kvadmit.scheduler.batch import RunningBatch
 
 def _req(rng: random.Random, n: int) -> Req:
     req = Req(
-        rid=f"r{n}", origin_input_ids=[1, 2, 3], sampling=SamplingLimits(max_new_tokens=rng.randint(1, 12))
+        rid=f"r{n}",
+        origin_input_ids=[1, 2, 3],
+        sampling=SamplingLimits(requested_max_new_tokens=rng.randint(1, 12)),
     )
-    req.output_ids = [7] * rng.randint(0, req.sampling.max_new_tokens - 1)  # joins with a few outputs
+    req.output_ids = [7] * rng.randint(0, req.max_new_tokens - 1)  # joins with a few outputs
     return req
 
 
@@ -22,7 +24,7 @@ def _scan(batch: RunningBatch) -> list[int]:
     return [
         i
         for i, r in enumerate(batch.reqs)
-        if r.finished_reason is None and len(r.output_ids) >= r.sampling.max_new_tokens
+        if r.finished_reason is None and len(r.output_ids) >= r.max_new_tokens
     ]
 
 

@@ -148,7 +148,7 @@ def test_arrival_caps_max_new_tokens_to_fit_the_pool() -> None:
     sched = make_scheduler(max_total_tokens=1000, context_len=100_000)
     q = make_req("a", 100, max_new_tokens=5000)
     assert sched.add_request(q)
-    assert q.sampling.max_new_tokens == 898
+    assert q.max_new_tokens == 898
 
 
 def test_a_prompt_longer_than_the_context_is_rejected_at_arrival() -> None:

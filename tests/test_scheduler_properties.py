@@ -22,12 +22,8 @@ from kvadmit.config import ConfigError, SchedulerKnobs, ServerArgs
 from kvadmit.request import FinishKind, FinishReason, Req, SamplingLimits
 from kvadmit.scheduler.events import Event, LastRequestAborted, RequestAborted, Retraction
 from kvadmit.scheduler.retraction import LAST_REQUEST_ABORT_MESSAGE
-from kvadmit.scheduler.scheduler import (
-    QUEUE_FULL_MESSAGE,
-    UNSCHEDULABLE_MESSAGE,
-    ScheduledBatch,
-    Scheduler,
-)
+from kvadmit.scheduler.scheduler import UNSCHEDULABLE_MESSAGE, ScheduledBatch, Scheduler
+from kvadmit.scheduler.types import QUEUE_FULL_MESSAGE
 
 EOS = 0
 VOCAB = 50  # prompt and ordinary output tokens are 1..VOCAB−1
@@ -82,11 +78,11 @@ def refused_on_empty_pool(sched: Scheduler, req: Req) -> bool:
         # §1.6: the prompt (+ outputs) in whole pages plus one page must fit, and then the request alone
         # must keep more than one free slot while it generates the rest of its max_new_tokens.
         paged_input = -(-req.seqlen // page) * page + page
-        tokens_left = req.sampling.max_new_tokens - outputs
+        tokens_left = req.max_new_tokens - outputs
         return paged_input > pool or (tokens_left > 0 and pool - paged_input - tokens_left <= 1)
     # §1.4: extend + min(remaining max_new, clip) (+ page in 0.5.22) < available + evictable; the
     # matched prefix is locked, so it leaves both sides and the prompt counts in full.
-    max_new = min(max(req.sampling.max_new_tokens - outputs, 0), sched.knobs.clip_max_new_tokens_estimation)
+    max_new = min(max(req.max_new_tokens - outputs, 0), sched.knobs.clip_max_new_tokens_estimation)
     page_term = page if sched.profile.page_size_in_fit_check else 0
     return req.seqlen + max_new + page_term >= pool
 
@@ -181,7 +177,7 @@ class Run:
             rid=spec.rid,
             origin_input_ids=list(spec.prompt),
             sampling=SamplingLimits(
-                max_new_tokens=spec.max_new_tokens,
+                requested_max_new_tokens=spec.max_new_tokens,
                 ignore_eos=spec.ignore_eos,
                 min_new_tokens=spec.min_new_tokens,
             ),
@@ -236,7 +232,7 @@ class Run:
             return
         queue = [r for r in queue if r.rid not in self.ended_at]  # refused in this call as unschedulable
         if policy == "lof":
-            queue.sort(key=lambda r: -r.sampling.max_new_tokens)  # stable, as the scheduler's sort
+            queue.sort(key=lambda r: -r.max_new_tokens)  # stable, as the scheduler's sort
         new = [r.rid for r in batch.reqs if r is not continuing]
         assert new == [r.rid for r in queue[: len(new)]], (new, [r.rid for r in queue])
 
@@ -355,7 +351,7 @@ def check_every_request_ended_once(run: Run) -> None:
             assert channels == (0, 1) and req.output_ids == [], (rid, channels)
             assert reason.message == QUEUE_FULL_MESSAGE or reason.status_code == 400, reason
             continue
-        cap = req.sampling.max_new_tokens
+        cap = req.max_new_tokens
         assert 0 <= cap <= spec.max_new_tokens, (rid, cap)
         assert len(req.output_ids) <= max(cap, 1), (rid, len(req.output_ids), cap)
         # The outputs are the executor's tokens in order: retraction lost or repeated none.
@@ -608,8 +604,8 @@ def test_a_request_growing_inside_its_last_page_takes_no_new_page() -> None:
     """Page 2: A and B prefill one token each (a page each); B ends at once and frees its page. A's first
     decode token goes into the free slot of A's own page, so no page is taken: 31 of 32 pages free."""
     sched = Scheduler(ServerArgs(max_total_tokens=64, page_size=2))
-    sched.add_request(Req("a", [5], SamplingLimits(max_new_tokens=2)))
-    sched.add_request(Req("b", [6], SamplingLimits(max_new_tokens=1)))
+    sched.add_request(Req("a", [5], SamplingLimits(requested_max_new_tokens=2)))
+    sched.add_request(Req("b", [6], SamplingLimits(requested_max_new_tokens=1)))
     batch = sched.next_batch()
     assert batch is not None and len(batch.reqs) == 2
     sched.on_batch_done(batch, [7, 7])
@@ -621,7 +617,7 @@ def test_a_request_growing_inside_its_last_page_takes_no_new_page() -> None:
 
 def test_client_abort_right_after_a_prefill_is_not_lost() -> None:
     sched = Scheduler(ServerArgs(max_total_tokens=256))
-    req = Req("a", [1, 2, 3, 4], SamplingLimits(max_new_tokens=10))
+    req = Req("a", [1, 2, 3, 4], SamplingLimits(requested_max_new_tokens=10))
     sched.add_request(req)
     batch = sched.next_batch()
     assert batch is not None
@@ -642,8 +638,8 @@ def test_next_batch_continues_a_chunked_prefill_once_the_running_batch_empties()
     last token. The next pass drops the finished A; nothing runs, so C's chunk can continue now."""
     knobs = SchedulerKnobs(test_retract=True, test_retract_interval=1000, test_retract_no_prefill_bs=0)
     sched = Scheduler(ServerArgs(max_total_tokens=64, chunked_prefill_size=8, knobs=knobs))
-    sched.add_request(Req("a", [1], SamplingLimits(max_new_tokens=2)))
-    sched.add_request(Req("c", list(range(2, 10)), SamplingLimits(max_new_tokens=1)))
+    sched.add_request(Req("a", [1], SamplingLimits(requested_max_new_tokens=2)))
+    sched.add_request(Req("c", list(range(2, 10)), SamplingLimits(requested_max_new_tokens=1)))
     for kind in ("prefill", "decode"):
         batch = sched.next_batch()
         assert batch is not None and batch.kind == kind

@@ -111,7 +111,7 @@ def test_the_printed_ratio_is_the_formulas() -> None:
             event = pending.pop()
             kept = batch.reqs  # type: ignore[attr-defined]
             outs = sum(len(q.output_ids) - 1 for q in kept)
-            max_new = sum(q.sampling.max_new_tokens for q in kept)
+            max_new = sum(q.max_new_tokens for q in kept)
             assert event.new_ratio == min(1.0, (outs + 20 * len(kept)) / (max_new + 1))
             checked.append(event.new_ratio)
 

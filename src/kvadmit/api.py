@@ -155,7 +155,7 @@ class Engine:
             rid=f"offline-{self._count}",
             origin_input_ids=list(ids),  # our own copy: the caller may reuse theirs
             sampling=SamplingLimits(
-                max_new_tokens=max_new,
+                requested_max_new_tokens=max_new,
                 ignore_eos=bool(sp.get("ignore_eos", False)),
                 min_new_tokens=int(sp.get("min_new_tokens", 0)),
                 stop_token_ids=frozenset(sp.get("stop_token_ids") or ()),

@@ -32,11 +32,16 @@ class FinishReason:
     matched: int | str | None = None  # the stop token id or stop string that ended it
 
 
-@dataclass(slots=True)
-class SamplingLimits:
-    """The sampling parameters that scheduling depends on (the sampler reads the rest elsewhere)."""
+# The budget of a request that asks for no max_new_tokens ("up to the context"), before the scheduler caps it.
+MAX_NEW_TOKENS_UNSET = 1 << 30
 
-    max_new_tokens: int = 128
+
+@dataclass(frozen=True, slots=True)
+class SamplingLimits:
+    """The sampling parameters that scheduling depends on, as the client asked for them (the sampler
+    reads the rest elsewhere). Never changed: what the scheduler grants lives on the Req."""
+
+    requested_max_new_tokens: int | None = 128  # None: as many as the context allows
     ignore_eos: bool = False
     min_new_tokens: int = 0
     stop_token_ids: frozenset[int] = frozenset()
@@ -49,6 +54,11 @@ class Req:
     KV layout: `kv` lists the pool slot of every token whose KV has been computed, in order. Its first
     `cached_len` entries belong to the radix cache (locked through `last_node`); the rest are owned by
     the request and freed or handed to the cache when it ends.
+
+    Output budget: `sampling` keeps what the client asked for; `max_new_tokens`, `min_new_tokens` and
+    `stop_token_ids` are what is in force. They start as asked (an unset max_new_tokens as
+    MAX_NEW_TOKENS_UNSET); the scheduler caps them when it queues the request (scheduler/output_budget.py)
+    and adds the model's EOS ids to the stop ids unless the request ignores EOS.
     """
 
     rid: str
@@ -57,6 +67,11 @@ class Req:
     params: SamplingParams = DEFAULT_PARAMS  # how its tokens are drawn (frozen: one default serves all)
     output_ids: list[int] = field(default_factory=list)
     seq: int = 0  # arrival order, for fcfs ties and deterministic ordering
+
+    # The output budget in force (see above; set by __post_init__, then by the scheduler).
+    max_new_tokens: int = field(init=False)
+    min_new_tokens: int = field(init=False)
+    stop_token_ids: frozenset[int] = field(init=False)
 
     # Scheduling state (reset by reset_for_retract).
     kv: array[int] = field(default_factory=new_slots)  # pool slots (a C array, see memory/pool.py)
@@ -73,6 +88,12 @@ class Req:
     finished_reason: FinishReason | None = None
     abort_requested: bool = False  # the client aborted it; it ends at its next result
 
+    def __post_init__(self) -> None:
+        asked = self.sampling.requested_max_new_tokens
+        self.max_new_tokens = MAX_NEW_TOKENS_UNSET if asked is None else asked
+        self.min_new_tokens = self.sampling.min_new_tokens
+        self.stop_token_ids = self.sampling.stop_token_ids
+
     @property
     def seqlen(self) -> int:
         """Prompt plus outputs so far: what a (re-)prefill must cover."""
@@ -80,8 +101,9 @@ class Req:
 
     @property
     def remaining_new_tokens(self) -> int:
-        """max_new_tokens − outputs so far (SGLang does not clamp this at 0 for running requests)."""
-        return self.sampling.max_new_tokens - len(self.output_ids)
+        """max_new_tokens (in force) − outputs so far (SGLang does not clamp this at 0 for running
+        requests). Hot loops that cannot afford a property call write the expression out and say so."""
+        return self.max_new_tokens - len(self.output_ids)
 
     @property
     def finished(self) -> bool:

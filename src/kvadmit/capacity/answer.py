@@ -48,7 +48,7 @@ def answer_admission(snap: Snapshot) -> dict[str, Any]:
 def _need(sched: Scheduler, req: Req) -> tuple[int, int, int]:
     """(tokens the fit test needs, uncached tokens, output tokens counted) for a prepared request."""
     clip = sched.knobs.clip_max_new_tokens_estimation
-    max_new = min(max(req.sampling.max_new_tokens - len(req.output_ids), 0), clip)
+    max_new = min(max(req.remaining_new_tokens, 0), clip)
     page = sched.page_size if sched.profile.page_size_in_fit_check else 0
     return req.extend_input_len + max_new + page, req.extend_input_len, max_new
 
@@ -170,7 +170,7 @@ def answer_decode(snap: Snapshot) -> dict[str, Any]:
         if last is not None:
             explanation.append(f"{last.rid} alone still does not fit: aborted")
         outs = sum(len(r.output_ids) for r in kept)
-        maxnew = sum(r.sampling.max_new_tokens for r in kept)
+        maxnew = sum(r.max_new_tokens for r in kept)
         steps = sched.knobs.retract_decode_steps
         explanation.append(
             f"new ratio = min(1, (Σ outputs {_n(outs)} + {steps} × {len(kept)}) / (Σ max_new_tokens "

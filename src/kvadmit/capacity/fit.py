@@ -7,6 +7,8 @@ from dataclasses import dataclass, replace
 
 from kvadmit.capacity.snapshot import RunningSpec, Snapshot, WaitingSpec, build_scheduler
 from kvadmit.config import ServerArgs
+from kvadmit.memory.pool import ceil_page
+from kvadmit.scheduler.output_budget import grant_max_new_tokens, max_request_len
 from kvadmit.scheduler.ratio import NewTokenRatio
 
 
@@ -77,7 +79,7 @@ def validate(q: FitQuestion) -> None:
     if q.output_len <= 0:
         raise CapacityError(f"--output-len must be a positive integer, got {q.output_len}")
     page = q.args.page_size
-    smallest = -(-q.input_len // page) * page + page + 1
+    smallest = ceil_page(q.input_len, page) + page + 1
     if smallest >= pool:
         raise CapacityError(
             f"a {q.input_len:,}-token prompt can never fit a {pool:,}-token pool: it needs its prompt, "
@@ -90,29 +92,39 @@ def _ordinal(n: int) -> str:
     return f"{n}{suffix}"
 
 
+def _granted(q: FitQuestion) -> tuple[FitQuestion, list[str]]:
+    """The question with max_new_tokens as the server grants it on arrival, so that a request fits an
+    empty pool (reference §1.9), and a note when that is less than asked."""
+    pool = q.args.max_total_tokens or 0
+    context = q.args.context_length or pool
+    granted = grant_max_new_tokens(
+        q.output_len,
+        q.input_len,
+        max_req_len=max_request_len(context, pool),
+        pool_size=pool,
+        page_size=q.args.page_size,
+    )
+    if granted >= q.output_len:
+        return q, []
+    note = (
+        f"The server caps max_new_tokens {q.output_len:,} at {granted:,} on arrival (a request must fit an "
+        f"empty {pool:,}-token pool with its prompt and one page), so that is what it reserves."
+    )
+    return replace(q, output_len=granted), [note]
+
+
 def explain_fit(q: FitQuestion) -> dict[str, object]:
     """The answer as data and as sentences."""
     validate(q)
+    q, lines = _granted(q)
     args = q.args
     pool = args.max_total_tokens or 0
     page = args.page_size
     clip = args.knobs.clip_max_new_tokens_estimation
-    # The server caps max_new_tokens at arrival so that a request fits an empty pool (reference §1.9).
-    context = args.context_length or pool
-    ceil_input = -(-q.input_len // page) * page
-    cap = min(min(context - 1, pool - 1) - q.input_len - 1, pool - ceil_input - page - 1)
-    capped_note = []
-    if q.output_len > cap:
-        capped_note.append(
-            f"The server caps max_new_tokens {q.output_len:,} at {cap:,} on arrival (a request must fit an "
-            f"empty {pool:,}-token pool with its prompt and one page), so that is what it reserves."
-        )
-        q = replace(q, output_len=cap)
     reserved = min(q.output_len, clip)
-    charge = -(-q.input_len // page) * page + page + reserved
+    charge = ceil_page(q.input_len, page) + page + reserved
     admitted = first_pass(q)
-    lines = [
-        *capped_note,
+    lines += [
         f"Each new request must fit its uncached prompt ({q.input_len:,}) plus its max_new_tokens "
         f"clipped to {clip:,} ({reserved:,}) plus one page ({page}): "
         f"{q.input_len + reserved + page:,} tokens, strictly less than what remains of the "
@@ -142,7 +154,15 @@ def explain_fit(q: FitQuestion) -> dict[str, object]:
             f"tokens of the {pool:,}-token pool."
         )
         return {**result, "explanation": lines}
+    result["by_ratio"] = _explain_by_ratio(q, lines)
+    return {**result, "explanation": lines}
 
+
+def _explain_by_ratio(q: FitQuestion, lines: list[str]) -> list[dict[str, object]]:
+    """Without ignore_eos: how many run at once as the new-token ratio decays (or at the assumed ratio);
+    the table, its sentences appended to `lines`."""
+    args = q.args
+    pool = args.max_total_tokens or 0
     tracker = NewTokenRatio.from_config(args.schedule_conservativeness, args.knobs)
     steps = args.knobs.new_token_ratio_decay_steps
     if q.ratio is not None:
@@ -151,11 +171,10 @@ def explain_fit(q: FitQuestion) -> dict[str, object]:
         points = [
             (s, max(tracker.init - s * tracker.decay, tracker.min)) for s in range(0, steps + 1, steps // 6)
         ]
-    table = []
+    table: list[dict[str, object]] = []
     for step, ratio in points:
         n = running_at_once(q, ratio)
         table.append({"decode_steps": step, "new_token_ratio": round(ratio, 6), "running_at_once": n})
-    result["by_ratio"] = table
     lines.append(
         "Without ignore_eos a running request holds back only its remaining max_new_tokens × the new-token "
         f"ratio, which starts at {tracker.init:.3f} and falls by {tracker.decay:.7f} per decode step to "
@@ -173,4 +192,4 @@ def explain_fit(q: FitQuestion) -> dict[str, object]:
             f"{full * (q.input_len + q.output_len):,} of {pool:,}: the pool fills during decode and the "
             "scheduler retracts (fewest outputs first) and resets the ratio."
         )
-    return {**result, "explanation": lines}
+    return table

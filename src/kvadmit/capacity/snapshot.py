@@ -235,7 +235,7 @@ def build_scheduler(snap: Snapshot) -> Scheduler:
         req = Req(
             rid=spec.rid,
             origin_input_ids=_tokens(base, spec.prompt_len),
-            sampling=SamplingLimits(max_new_tokens=spec.max_new_tokens, ignore_eos=spec.ignore_eos),
+            sampling=SamplingLimits(requested_max_new_tokens=spec.max_new_tokens, ignore_eos=spec.ignore_eos),
             output_ids=_tokens(base + spec.prompt_len, spec.output_len),
             seq=i,
         )
@@ -251,7 +251,9 @@ def build_scheduler(snap: Snapshot) -> Scheduler:
         req = Req(
             rid=rspec.rid,
             origin_input_ids=_tokens(base, rspec.prompt_len),
-            sampling=SamplingLimits(max_new_tokens=rspec.max_new_tokens, ignore_eos=rspec.ignore_eos),
+            sampling=SamplingLimits(
+                requested_max_new_tokens=rspec.max_new_tokens, ignore_eos=rspec.ignore_eos
+            ),
             output_ids=_tokens(base + rspec.prompt_len, rspec.output_len),
         )
         req.kv = pool.alloc_extend([], rspec.prompt_len + rspec.output_len)

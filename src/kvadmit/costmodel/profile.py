@@ -62,7 +62,7 @@ class Profile:
 
 
 def _req(rid: str, prompt_len: int, vocab: int) -> Req:
-    req = Req(rid, [(7 * i + 3) % vocab for i in range(prompt_len)], SamplingLimits(max_new_tokens=16))
+    req = Req(rid, [(7 * i + 3) % vocab for i in range(prompt_len)], SamplingLimits(16))
     req.params = GREEDY
     return req
 
@@ -197,7 +197,7 @@ def loop_overhead_ms(executor: TorchExecutor, pool: int, vocab: int) -> tuple[fl
     engine = Engine(scheduler, executor, WallClock(), _Quiet(), (), (executor_time,))
     for i in range(LOOP_REQUESTS):
         req = _req(f"loop{i}", LOOP_PROMPT, vocab)
-        req.sampling = SamplingLimits(max_new_tokens=LOOP_OUTPUT, ignore_eos=True)
+        req.sampling = SamplingLimits(requested_max_new_tokens=LOOP_OUTPUT, ignore_eos=True)
         req.origin_input_ids = [(11 * j + 5 * i + 1) % vocab for j in range(LOOP_PROMPT)]
         engine.submit(req)
     walls: list[float] = []

@@ -15,12 +15,9 @@ import heapq
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple, Protocol
 
 from kvadmit.memory.pool import TokenPool, new_slots
-
-if TYPE_CHECKING:
-    from kvadmit.request import Req
 
 
 @dataclass(slots=True, eq=False)
@@ -31,6 +28,17 @@ class RadixNode:
     children: dict[object, RadixNode]
     lock_ref: int = 0
     last_access: int = 0
+
+
+class CachedRequest(Protocol):
+    """What the cache reads and updates on a request (the scheduler's Req is one): its tokens, the pool
+    slots of those computed so far, and the cached prefix it locks. Memory knows no more of a request."""
+
+    origin_input_ids: list[int]
+    output_ids: list[int]
+    kv: array[int]  # pool slots of the computed tokens, in order
+    cached_len: int  # leading kv slots owned by the cache
+    last_node: RadixNode | None  # the node whose lock the request holds
 
 
 class MatchResult(NamedTuple):
@@ -51,7 +59,7 @@ def _common_len(node_key: list[int], key: list[int], pos: int, end: int, page: i
 
 
 class RadixCache:
-    """The prefix cache. Methods that take a Req update its kv / cached_len / last_node as noted."""
+    """The prefix cache. Methods that take a request update its kv / cached_len / last_node as noted."""
 
     enabled = True
 
@@ -248,7 +256,7 @@ class RadixCache:
             self._offer(node)
 
     # ----- request hand-offs -----------------------------------------------------------------
-    def cache_unfinished_req(self, req: Req) -> None:
+    def cache_unfinished_req(self, req: CachedRequest) -> None:
         """After a prefill step: put the computed prompt (page aligned) in the cache and move the
         request's lock to it; the request keeps owning its unaligned tail."""
         kv_len = len(req.kv)
@@ -270,7 +278,7 @@ class RadixCache:
         req.last_node = node
         req.cached_len = aligned
 
-    def cache_finished_req(self, req: Req) -> None:
+    def cache_finished_req(self, req: CachedRequest) -> None:
         """A request ended normally: cache its computed tokens (page aligned), free the rest, unlock."""
         kv_len = len(req.kv)
         aligned = kv_len - kv_len % self.page_size
@@ -283,19 +291,19 @@ class RadixCache:
             self.pool.free(req.kv[aligned:])
         self._unlock(req)
 
-    def _start(self, req: Req) -> RadixNode:
+    def _start(self, req: CachedRequest) -> RadixNode:
         """Where inserting the request's tokens past its cached prefix starts: the node it locks, whose
         path from the root spells exactly that prefix (req.cached_len tokens)."""
         return req.last_node if req.last_node is not None else self.root
 
-    def release_req(self, req: Req) -> None:
+    def release_req(self, req: CachedRequest) -> None:
         """Retraction or abort: free the request's own slots without caching them; its cached prefix
         stays in the cache, unlocked (evictable)."""
         if len(req.kv) > req.cached_len:
             self.pool.free(req.kv[req.cached_len :])
         self._unlock(req)
 
-    def _unlock(self, req: Req) -> None:
+    def _unlock(self, req: CachedRequest) -> None:
         if req.last_node is not None:
             self.dec_lock_ref(req.last_node)
         req.last_node = None
@@ -314,14 +322,14 @@ class NoPrefixCache(RadixCache):
     def insert(self, key: list[int], value: list[int]) -> int:
         raise RuntimeError("the prefix cache is disabled")
 
-    def cache_unfinished_req(self, req: Req) -> None:
+    def cache_unfinished_req(self, req: CachedRequest) -> None:
         """The request keeps all its slots; a chunked prefill continues after them."""
 
-    def cache_finished_req(self, req: Req) -> None:
+    def cache_finished_req(self, req: CachedRequest) -> None:
         self.release_req(req)
 
 
-def _tokens(req: Req, start: int, end: int) -> list[int]:
+def _tokens(req: CachedRequest, start: int, end: int) -> list[int]:
     """Tokens [start, end) of prompt + outputs, as a list a cache node may keep: a fresh copy of only
     those tokens, or the whole prompt itself (a prompt never changes, nor does a node's key)."""
     prompt = req.origin_input_ids

@@ -19,7 +19,7 @@ from enum import Enum
 from typing import NamedTuple
 
 from kvadmit.config import VersionProfile
-from kvadmit.memory.pool import TokenPool
+from kvadmit.memory.pool import TokenPool, ceil_page
 from kvadmit.memory.radix import RadixCache
 from kvadmit.request import Req
 from kvadmit.scheduler.batch import RunningBatch
@@ -111,9 +111,6 @@ class AdmissionPass:
         self._eos_states: list[tuple[float, int]] | None = None
 
     # ----- the budget ------------------------------------------------------------------------
-    def _ceil_page(self, n: int) -> int:
-        return -(-n // self.page_size) * self.page_size
-
     def available_and_evictable(self) -> int:
         return self.pool.available_size() + self.cache.evictable_size()
 
@@ -186,7 +183,7 @@ class AdmissionPass:
     def _charge(self, prefix_len: int, extend: int, reserved_new: int) -> None:
         """SGLang's _update_prefill_budget: an admitted prefill of `extend` tokens (page-ceiled) plus
         one page of overhead, plus the output tokens it reserves."""
-        e = self._ceil_page(extend)
+        e = ceil_page(extend, self.page_size)
         charge = e + self.page_size + reserved_new
         self._charges.append(charge)
         self._charge_sum += charge
@@ -210,7 +207,7 @@ class AdmissionPass:
         req.extend_input_len = extend
         req.fill_len = req.prefix_len + extend
         self.can_run_list.append(req)
-        reserved = 0 if truncated else min(req.sampling.max_new_tokens, self.clip)
+        reserved = 0 if truncated else min(req.max_new_tokens, self.clip)
         self._charge(0, extend, reserved)  # continuations log no cached tokens
         return req if truncated else None
 
@@ -225,7 +222,7 @@ class AdmissionPass:
 
         extend = req.extend_input_len
         # The fit test uses the *remaining* output; the charge below reserves the full max_new_tokens.
-        max_new = min(max(req.sampling.max_new_tokens - len(req.output_ids), 0), self.clip)
+        max_new = min(max(req.remaining_new_tokens, 0), self.clip)
         total = extend + max_new + (self.page_size if self.profile.page_size_in_fit_check else 0)
         no_chunking = self.rem_chunk_tokens is None
         input_check = no_chunking or self.profile.input_budget_check_with_chunking
@@ -234,7 +231,11 @@ class AdmissionPass:
             # Classic order: fit before locking, then the input budget, then fit again after locking.
             if not self._fits(total):
                 return AddResult.NO_TOKEN
-            if input_check and self.can_run_list and self._ceil_page(extend) >= self.rem_input_tokens:
+            if (
+                input_check
+                and self.can_run_list
+                and ceil_page(extend, self.page_size) >= self.rem_input_tokens
+            ):
                 return AddResult.OTHER
 
         # Lock the matched prefix: its tokens stop counting as evictable, so the budget may shrink.
@@ -247,7 +248,7 @@ class AdmissionPass:
             self.profile.page_size_in_fit_check
             and input_check
             and self.can_run_list
-            and self._ceil_page(extend) >= self.rem_input_tokens
+            and ceil_page(extend, self.page_size) >= self.rem_input_tokens
         ):
             self.cache.dec_lock_ref(req.match_node)
             return AddResult.OTHER
@@ -260,7 +261,7 @@ class AdmissionPass:
         """Admit `req` whole or as a first chunk (its lock is already taken). False: no room for a chunk."""
         extend = req.extend_input_len
         chunk_limit = self.rem_chunk_tokens
-        if chunk_limit is not None and self._ceil_page(extend) > chunk_limit:
+        if chunk_limit is not None and ceil_page(extend, self.page_size) > chunk_limit:
             # Chunk to whole pages of what is left of the chunk budget; the prefix is page aligned,
             # so the chunk's end is too. A non-final chunk reserves no output tokens.
             extend = chunk_limit // self.page_size * self.page_size
@@ -269,7 +270,7 @@ class AdmissionPass:
             reserved = 0
             self.new_chunked_req = req
         else:
-            reserved = min(req.sampling.max_new_tokens, self.clip)
+            reserved = min(req.max_new_tokens, self.clip)
         req.extend_input_len = extend
         req.fill_len = req.prefix_len + extend
         if req.retraction_count == 0:
@@ -283,7 +284,7 @@ class AdmissionPass:
 
     def _add_one_req_ignore_eos(self, req: Req) -> AddResult:
         """The path for ignore_eos requests when the prefix cache is disabled (reference §1.6)."""
-        paged_input = self._ceil_page(req.extend_input_len) + self.page_size
+        paged_input = ceil_page(req.extend_input_len, self.page_size) + self.page_size
         if paged_input > self.cur_rem_tokens or self._exceeds(paged_input):
             return AddResult.NO_TOKEN
         if self._eos_states is None:
@@ -316,7 +317,7 @@ class AdmissionPass:
 
     def _add_eos_state(self, states: list[tuple[float, int]], r: Req, insert_sorted: bool = False) -> None:
         ratio = 1.0 if r.sampling.ignore_eos else self.ratio
-        tokens_left = r.sampling.max_new_tokens * ratio - len(r.output_ids)  # not clipped here
+        tokens_left = r.max_new_tokens * ratio - len(r.output_ids)  # not clipped here
         tokens_occupied = len(r.origin_input_ids) + len(r.output_ids)
         if tokens_left <= 0:
             return

@@ -33,7 +33,7 @@ class QueueOrder:
         if policy == "fcfs":
             return
         if policy == "lof":
-            waiting.sort(key=lambda r: -r.sampling.max_new_tokens)
+            waiting.sort(key=lambda r: -r.max_new_tokens)
         elif policy == "random":
             self.rng.shuffle(waiting)
         elif policy == "lpm":

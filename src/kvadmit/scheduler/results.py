@@ -125,10 +125,13 @@ class StepResults:
     def _check_finished(self, req: Req, token: int) -> FinishReason | None:
         if req.abort_requested:
             return FinishReason(FinishKind.ABORT, CLIENT_ABORT_MESSAGE, 499)
-        s = req.sampling
-        if len(req.output_ids) >= s.max_new_tokens:
+        if len(req.output_ids) >= req.max_new_tokens:  # no remaining_new_tokens left
             return FinishReason(FinishKind.LENGTH, matched=None)
-        if not s.ignore_eos and token in s.stop_token_ids and len(req.output_ids) >= s.min_new_tokens:
+        if (
+            not req.sampling.ignore_eos
+            and token in req.stop_token_ids
+            and len(req.output_ids) >= req.min_new_tokens
+        ):
             return FinishReason(FinishKind.STOP, matched=token)
         if self.stop_checker is not None:
             matched = self.stop_checker(req)

@@ -10,6 +10,10 @@ This is the thin orchestrator over admission, ratio, retraction and ordering. It
                     nothing to do: if fully idle, reset the ratio.
     on_batch_done(): append the sampled tokens, finish requests, hand KV to the prefix cache.
 
+Three mixins hold the rest of its methods, each over the state kept here: intake.py (add_request: the
+output budget granted, rejections; abort_request), decode_memory.py (the decode memory check and
+retraction) and results.py (on_batch_done).
+
 It never reads a clock and never imports torch; the same inputs give the same decisions.
 """
 
@@ -20,34 +24,21 @@ from collections import deque
 from collections.abc import Callable
 
 from kvadmit.config import ConfigError, ServerArgs, resolve_chunked_prefill_size, resolve_max_running_requests
-from kvadmit.memory.pool import ReqSlotPool, TokenPool
+from kvadmit.memory.pool import ReqSlotPool, TokenPool, pages_for
 from kvadmit.memory.radix import NoPrefixCache, RadixCache
-from kvadmit.request import FinishKind, FinishReason, Req
+from kvadmit.request import Req
 from kvadmit.scheduler.admission import AddResult, AdmissionPass, prepare_candidate
 from kvadmit.scheduler.batch import RunningBatch
-from kvadmit.scheduler.events import (
-    Event,
-    LastRequestAborted,
-    PrefillBatchStats,
-    RequestAborted,
-    Retraction,
-)
+from kvadmit.scheduler.decode_memory import DecodeMemory
+from kvadmit.scheduler.events import Event, PrefillBatchStats
+from kvadmit.scheduler.intake import RequestIntake
 from kvadmit.scheduler.ordering import QueueOrder
+from kvadmit.scheduler.output_budget import max_request_len
 from kvadmit.scheduler.policy import admission_policy
-from kvadmit.scheduler.ratio import NewTokenRatio, ratio_after_retract
-from kvadmit.scheduler.results import CLIENT_ABORT_MESSAGE, StepResults
-from kvadmit.scheduler.retraction import (
-    LAST_REQUEST_ABORT_MESSAGE,
-    LAST_REQUEST_ASSERTION,
-    LAST_REQUEST_VALUE_ERROR,
-    RetractResult,
-    check_decode_mem,
-    evict_for,
-    retract_decode,
-)
+from kvadmit.scheduler.ratio import NewTokenRatio
+from kvadmit.scheduler.results import StepResults
+from kvadmit.scheduler.retraction import RetractResult, evict_for
 from kvadmit.scheduler.types import (
-    MAX_NEW_TOKENS_UNSET,
-    QUEUE_FULL_MESSAGE,
     UNSCHEDULABLE_MESSAGE,
     AdmissionRecord,
     EngineCrash,
@@ -58,7 +49,7 @@ from kvadmit.scheduler.types import (
 __all__ = ["AdmissionRecord", "EngineCrash", "ScheduledBatch", "Scheduler", "StepOutcome"]
 
 
-class Scheduler(StepResults):
+class Scheduler(RequestIntake, DecodeMemory, StepResults):
     def __init__(
         self,
         args: ServerArgs,
@@ -94,8 +85,7 @@ class Scheduler(StepResults):
         self.max_running_requests = resolve_max_running_requests(
             args.max_running_requests, self.max_total_num_tokens, self.context_len
         )
-        # The longest sequence a request may reach (SGLang: min(context_len − 1, pool − 1)).
-        self.max_req_len = min(self.context_len - 1, self.max_total_num_tokens - 1)
+        self.max_req_len = max_request_len(self.context_len, self.max_total_num_tokens)
         self.eos_token_ids = eos_token_ids
         self.decode_log_interval = args.decode_log_interval
         self.stop_checker = stop_checker
@@ -125,83 +115,6 @@ class Scheduler(StepResults):
         return RunningBatch(
             self.knobs.clip_max_new_tokens_estimation, self.profile.ignore_eos_reserves_in_full, reqs
         )
-
-    # ===== requests in =========================================================================
-    def add_request(self, req: Req) -> bool:
-        """Queue a request. Returns False (and finishes it with an abort) when it can never run or the
-        queue is full. Caps max_new_tokens as SGLang's init_req_max_new_tokens does."""
-        req.seq = self._seq
-        self._seq += 1
-        input_len = len(req.origin_input_ids)
-        if input_len == 0:
-            return self._reject(req, "The input is empty: a request needs at least one prompt token.", 400)
-        if input_len >= self.max_req_len:
-            return self._reject(
-                req,
-                f"Input length ({input_len} tokens) exceeds the maximum allowed length "
-                f"({self.max_req_len - 1} tokens): the context length is {self.context_len} and the KV "
-                f"pool holds {self.max_total_num_tokens} tokens.",
-                400,
-            )
-        s = req.sampling
-        m = s.max_new_tokens if s.max_new_tokens is not None else MAX_NEW_TOKENS_UNSET
-        limit = self.knobs.max_new_tokens_limit
-        if limit is not None and m > limit:
-            m = limit
-        # The memory cap keeps ceil_page(input) + max_new + page_size strictly below the pool size, so
-        # an accepted request can always be scheduled on an empty pool.
-        ceil_input = -(-input_len // self.page_size) * self.page_size
-        m = max(
-            0,
-            min(
-                m,
-                self.max_req_len - input_len - 1,
-                self.max_total_num_tokens - ceil_input - self.page_size - 1,
-            ),
-        )
-        s.max_new_tokens = m
-        s.min_new_tokens = min(s.min_new_tokens, m)
-        if self.eos_token_ids and not s.ignore_eos:
-            s.stop_token_ids = s.stop_token_ids | self.eos_token_ids
-        if not s.stop_token_ids <= self._stop_token_union:
-            self._stop_token_union = self._stop_token_union | s.stop_token_ids
-        return self._enqueue(req)
-
-    def _enqueue(self, req: Req, front: bool = False) -> bool:
-        cap = self.args.max_queued_requests
-        if cap is not None and len(self.waiting) >= cap:
-            return self._reject(req, QUEUE_FULL_MESSAGE, 503)
-        if front:
-            self.waiting.insert(0, req)
-        else:
-            self.waiting.append(req)
-        self._waiting_tokens += req.seqlen
-        return True
-
-    def _reject(self, req: Req, message: str, status: int) -> bool:
-        req.finished_reason = FinishReason(FinishKind.ABORT, message, status)
-        self.events.append(RequestAborted(req.rid, message, status))
-        return False
-
-    def abort_request(self, rid: str) -> bool:
-        """Client abort. A waiting request ends now; a running or chunked one at its next result."""
-        for i, req in enumerate(self.waiting):
-            if req.rid == rid:
-                del self.waiting[i]
-                self._waiting_tokens -= req.seqlen
-                self._reject(req, CLIENT_ABORT_MESSAGE, 499)
-                return True
-        in_flight = [*self.running.reqs]
-        if self.chunked_req is not None:
-            in_flight.append(self.chunked_req)
-        if self.last_batch is not None and self.last_batch.kind == "prefill":
-            in_flight.extend(self.last_batch.reqs)  # prefilled, not yet merged into the running batch
-        for req in in_flight:
-            if req.rid == rid and not req.finished:
-                req.abort_requested = True
-                self._abort_rids.add(rid)
-                return True
-        return False
 
     # ===== one scheduling pass ==================================================================
     def next_batch(self) -> ScheduledBatch | None:
@@ -252,11 +165,6 @@ class Scheduler(StepResults):
             self.running = self._new_running_batch(keep)  # SGLang replaces the empty batch object
         else:
             self.running.extend(keep)
-
-    def set_waiting(self, reqs: list[Req]) -> None:
-        """Replace the waiting queue (to build a scheduling moment, as `capacity --scenario` does)."""
-        self.waiting = list(reqs)
-        self._waiting_tokens = sum(r.seqlen for r in reqs)
 
     def _num_allocatable_reqs(self, running_bs: int) -> int:
         return min(self.max_running_requests - running_bs, self.req_slots.available_size())
@@ -403,72 +311,6 @@ class Scheduler(StepResults):
         running.kv_tokens += len(running.reqs)  # one slot each
         return ScheduledBatch(kind="decode", reqs=list(running.reqs), kv_tokens=running.kv_tokens)
 
-    def check_decode_or_retract(self) -> Retraction | None:
-        """Before a decode step: can every running request get a slot? If not (or when SGLANG_TEST_RETRACT
-        forces it), retract, set the ratio to the post-retraction estimate and return what happened."""
-        memory_ok = check_decode_mem(self.running.reqs, self.cache, self.pool, self.page_size)
-        forced = (
-            memory_ok and self.knobs.test_retract and self.forward_ct % self.knobs.test_retract_interval == 0
-        )
-        if memory_ok and not forced:
-            return None
-        return self._retract(forced)
-
-    def _retract(self, forced: bool) -> Retraction:
-        running = self.running
-        before = self.pool.available_size()
-        old_ratio = self.ratio.current
-        result = retract_decode(
-            running.reqs,
-            self.cache,
-            self.pool,
-            self.page_size,
-            self.knobs.retract_decode_steps,
-            self._release,
-            self.policy.retraction_order,
-        )
-        last = result.last_request
-        if last is not None:
-            oom = self.profile.last_request_oom
-            if oom == "value_error":
-                raise EngineCrash(f"ValueError: {LAST_REQUEST_VALUE_ERROR}")
-            if oom == "assertion":
-                raise EngineCrash(
-                    f"AssertionError: {LAST_REQUEST_ASSERTION}, "
-                    f"self.token_to_kv_pool_allocator.available_size()={self.pool.available_size()}"
-                )
-            self._release(last)
-            last.reset_for_retract()
-            last.finished_reason = FinishReason(FinishKind.ABORT, LAST_REQUEST_ABORT_MESSAGE, 500)
-            self.events.append(LastRequestAborted(last.rid))
-            self.events.append(RequestAborted(last.rid, LAST_REQUEST_ABORT_MESSAGE, 500))
-        running.replace(result.kept)
-        new_ratio = ratio_after_retract(
-            [len(r.output_ids) for r in result.kept],
-            [r.sampling.max_new_tokens for r in result.kept],
-            self.knobs.retract_decode_steps,
-        )
-        self.ratio.current = new_ratio
-        self.last_retract_result = result
-        event = Retraction(
-            rids=tuple(r.rid for r in result.retracted),
-            new_tokens_gained=self.pool.available_size() - before,
-            old_ratio=old_ratio,
-            new_ratio=new_ratio,
-            forced=forced,
-            input_tokens=sum(len(r.origin_input_ids) for r in result.retracted),
-            output_tokens=sum(len(r.output_ids) for r in result.retracted),
-        )
-        self.events.append(event)
-        for req in result.retracted:
-            self._enqueue(req, front=self.policy.requeue_at_front)
-        return event
-
-    def _release(self, req: Req) -> None:
-        """Free a request's own KV (no caching) and its request slot."""
-        self.cache.release_req(req)
-        self.req_slots.free()
-
     def is_fully_idle(self) -> bool:
         return not self.running.reqs and self.chunked_req is None and not self.waiting
 
@@ -493,7 +335,7 @@ class Scheduler(StepResults):
             live.update((id(r), r) for r in self.last_batch.reqs if not r.finished)
         for req in live.values():
             own = len(req.kv) - req.cached_len
-            held_pages += -(-own // self.pool.page_size)
+            held_pages += pages_for(own, self.pool.page_size)
         total = (
             self.pool.available_size()
             + self.cache.evictable_size()

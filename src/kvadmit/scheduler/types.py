@@ -15,7 +15,6 @@ UNSCHEDULABLE_MESSAGE = (
     "The request can never be scheduled: even with the KV pool empty it does not pass admission. "
     "Lower max_new_tokens or use a larger pool."
 )
-MAX_NEW_TOKENS_UNSET = 1 << 30
 
 
 class EngineCrash(RuntimeError):

@@ -106,7 +106,7 @@ def router(state: ServerState) -> APIRouter:
         if body.stream and not single:
             raise APIError("streaming takes one prompt; send a batch without stream", param="stream")
         for ids in prompts:
-            state.check_lengths(len(ids), limits.max_new_tokens, "max_new_tokens")
+            state.check_lengths(len(ids), limits.requested_max_new_tokens, "max_new_tokens")
 
         def session(ids: list[int], rid: str | None) -> Session:
             return Session(

@@ -7,8 +7,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from kvadmit.memory.pool import ceil_page
 from kvadmit.request import SamplingLimits
 from kvadmit.sampling_params import SamplingError, SamplingParams
+from kvadmit.scheduler.output_budget import pool_room_for_output
 from kvadmit.server.errors import APIError
 
 NATIVE_SAMPLING_KEYS = {
@@ -136,7 +138,7 @@ def sampling_from(
     if not isinstance(ignore_eos, bool):
         raise APIError(f"ignore_eos must be true or false, got {ignore_eos!r}", param="ignore_eos")
     limits = SamplingLimits(
-        max_new_tokens=max_new_tokens,  # type: ignore[arg-type]  # None: up to the context
+        requested_max_new_tokens=max_new_tokens,  # None: up to the context
         ignore_eos=ignore_eos,
         min_new_tokens=min_new,
         stop_token_ids=frozenset(stop_token_ids or ()),
@@ -167,10 +169,10 @@ def check_lengths(
             "input messages or the completion to fit within the limit.",
             param=field,
         )
-    ceil_input = -(-input_len // page) * page
-    need = ceil_input + max_new + page
-    if need >= pool:
-        most = pool - ceil_input - page - 1
+    most = pool_room_for_output(input_len, pool, page)
+    if max_new > most:
+        ceil_input = ceil_page(input_len, page)
+        need = ceil_input + max_new + page
         paged = f" ({ceil_input} in pages of {page})" if ceil_input != input_len else ""
         raise APIError(
             f"The request can never fit the KV pool: prompt {input_len} tokens{paged} + {field} {max_new} + "

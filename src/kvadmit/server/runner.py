@@ -25,7 +25,7 @@ from kvadmit.engine import Engine, WallClock
 from kvadmit.executor.base import StepResult
 from kvadmit.observe.sglang_log import SGLangLogWriter
 from kvadmit.observe.step_trace import step_row
-from kvadmit.request import FinishKind, Req, SamplingLimits
+from kvadmit.request import MAX_NEW_TOKENS_UNSET, FinishKind, Req, SamplingLimits
 from kvadmit.sampling_params import SamplingParams
 from kvadmit.scheduler.events import StartupInfo
 from kvadmit.scheduler.scheduler import Scheduler
@@ -356,8 +356,8 @@ class EngineRunner:
         if self.metrics is not None:
             self.metrics.on_arrival(job.rid, time.time())
         if self.engine.submit(req):  # a rejection ends it at once, through on_finish
-            limits = req.sampling  # max_new_tokens as the scheduler capped it
-            self.backend.plan_output(job.rid, limits.max_new_tokens, limits.ignore_eos, job.params.seed)
+            # req.max_new_tokens: the budget the scheduler granted (req.sampling keeps the ask)
+            self.backend.plan_output(job.rid, req.max_new_tokens, req.sampling.ignore_eos, job.params.seed)
 
     def _abort_client(self, rid: str) -> None:
         if rid in self._live:
@@ -434,12 +434,14 @@ class EngineRunner:
     def _trace_request(self, live: _Live, finished: Finished) -> None:
         assert self.request_trace is not None
         req, job = live.req, live.job
+        # The budget as granted; null for a request that asked for none and was turned away before the grant.
+        granted = None if req.max_new_tokens == MAX_NEW_TOKENS_UNSET else req.max_new_tokens
         self.request_trace.write({
             "seq": live.seq, "rid": live.job.rid, "arrival": round(live.arrival, 6),
             "arrival_step": live.arrival_step, "after_idle": live.after_idle,
             "http_ms": round(1000 * (job.handed - job.received), 3),  # to the hand-over
             "queued_ms": round(1000 * (self.started + live.arrival - job.handed), 3),  # to the receipt
-            "prompt_len": len(req.origin_input_ids), "max_new_tokens": req.sampling.max_new_tokens,
+            "prompt_len": len(req.origin_input_ids), "max_new_tokens": granted,
             "ignore_eos": req.sampling.ignore_eos, "output_len": len(req.output_ids), "finish": finished.kind,
             "cached_tokens": req.cached_tokens, "retractions": req.retraction_count,
             "input_ids": list(req.origin_input_ids),

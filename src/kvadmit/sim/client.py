@@ -95,7 +95,7 @@ class SimClient:
         req = Req(
             rid=rid,
             origin_input_ids=spec.prompt(self.vocab_size, self._token_ids),
-            sampling=SamplingLimits(max_new_tokens=spec.max_new_tokens, ignore_eos=spec.ignore_eos),
+            sampling=SamplingLimits(requested_max_new_tokens=spec.max_new_tokens, ignore_eos=spec.ignore_eos),
         )
         if outcome is not None:
             outcome.start_time = sent

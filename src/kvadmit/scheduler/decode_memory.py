@@ -1,0 +1,110 @@
+"""Before a decode step: can every running request get a slot? If not (or when SGLANG_TEST_RETRACT forces
+it), retract: retraction.py picks the victims; this applies the outcome (the last request's end as the
+SGLang release had it, the events, the new-token ratio, the requeue). A mixin of Scheduler, like
+StepResults; the state it reads belongs to Scheduler."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from kvadmit.config import SchedulerKnobs, VersionProfile
+from kvadmit.memory.pool import ReqSlotPool, TokenPool
+from kvadmit.memory.radix import RadixCache
+from kvadmit.request import FinishKind, FinishReason, Req
+from kvadmit.scheduler.batch import RunningBatch
+from kvadmit.scheduler.events import Event, LastRequestAborted, RequestAborted, Retraction
+from kvadmit.scheduler.policy import AdmissionPolicy
+from kvadmit.scheduler.ratio import NewTokenRatio, ratio_after_retract
+from kvadmit.scheduler.retraction import (
+    LAST_REQUEST_ABORT_MESSAGE,
+    LAST_REQUEST_ASSERTION,
+    LAST_REQUEST_VALUE_ERROR,
+    RetractResult,
+    check_decode_mem,
+    retract_decode,
+)
+from kvadmit.scheduler.types import EngineCrash
+
+
+class DecodeMemory:
+    """check_decode_or_retract and what it needs."""
+
+    running: RunningBatch
+    cache: RadixCache
+    pool: TokenPool
+    req_slots: ReqSlotPool
+    page_size: int
+    knobs: SchedulerKnobs
+    profile: VersionProfile
+    policy: AdmissionPolicy
+    ratio: NewTokenRatio
+    forward_ct: int
+    events: list[Event]
+    last_retract_result: RetractResult | None
+    _enqueue: Callable[..., bool]  # RequestIntake's: a retracted request waits again
+
+    def check_decode_or_retract(self) -> Retraction | None:
+        """Before a decode step: can every running request get a slot? If not (or when SGLANG_TEST_RETRACT
+        forces it), retract, set the ratio to the post-retraction estimate and return what happened."""
+        memory_ok = check_decode_mem(self.running.reqs, self.cache, self.pool, self.page_size)
+        forced = (
+            memory_ok and self.knobs.test_retract and self.forward_ct % self.knobs.test_retract_interval == 0
+        )
+        if memory_ok and not forced:
+            return None
+        return self._retract(forced)
+
+    def _retract(self, forced: bool) -> Retraction:
+        running = self.running
+        before = self.pool.available_size()
+        old_ratio = self.ratio.current
+        result = retract_decode(
+            running.reqs,
+            self.cache,
+            self.pool,
+            self.page_size,
+            self.knobs.retract_decode_steps,
+            self._release,
+            self.policy.retraction_order,
+        )
+        last = result.last_request
+        if last is not None:
+            oom = self.profile.last_request_oom
+            if oom == "value_error":
+                raise EngineCrash(f"ValueError: {LAST_REQUEST_VALUE_ERROR}")
+            if oom == "assertion":
+                raise EngineCrash(
+                    f"AssertionError: {LAST_REQUEST_ASSERTION}, "
+                    f"self.token_to_kv_pool_allocator.available_size()={self.pool.available_size()}"
+                )
+            self._release(last)
+            last.reset_for_retract()
+            last.finished_reason = FinishReason(FinishKind.ABORT, LAST_REQUEST_ABORT_MESSAGE, 500)
+            self.events.append(LastRequestAborted(last.rid))
+            self.events.append(RequestAborted(last.rid, LAST_REQUEST_ABORT_MESSAGE, 500))
+        running.replace(result.kept)
+        new_ratio = ratio_after_retract(
+            [len(r.output_ids) for r in result.kept],
+            [r.max_new_tokens for r in result.kept],
+            self.knobs.retract_decode_steps,
+        )
+        self.ratio.current = new_ratio
+        self.last_retract_result = result
+        event = Retraction(
+            rids=tuple(r.rid for r in result.retracted),
+            new_tokens_gained=self.pool.available_size() - before,
+            old_ratio=old_ratio,
+            new_ratio=new_ratio,
+            forced=forced,
+            input_tokens=sum(len(r.origin_input_ids) for r in result.retracted),
+            output_tokens=sum(len(r.output_ids) for r in result.retracted),
+        )
+        self.events.append(event)
+        for req in result.retracted:
+            self._enqueue(req, front=self.policy.requeue_at_front)
+        return event
+
+    def _release(self, req: Req) -> None:
+        """Free a request's own KV (no caching) and its request slot."""
+        self.cache.release_req(req)
+        self.req_slots.free()
