@@ -46,7 +46,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvadmit.sim.workload import SimRequest
+from kvadmit.bench.workload import SimRequest
 
 
 class ReplayError(ValueError):

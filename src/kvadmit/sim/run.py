@@ -13,6 +13,7 @@ from datetime import datetime, timedelta, timezone
 from typing import IO
 
 from kvadmit.bench.metrics import BenchmarkMetrics, RequestOutcome, calculate_metrics
+from kvadmit.bench.workload import SimRequest, WorkloadSpec, build_workload
 from kvadmit.config import ServerArgs
 from kvadmit.costmodel.costmodel import CostModel
 from kvadmit.engine import Engine, StepObserver, VirtualClock
@@ -24,7 +25,6 @@ from kvadmit.scheduler.events import Event, Retraction, StartupInfo
 from kvadmit.scheduler.scheduler import ScheduledBatch, Scheduler
 from kvadmit.sim.client import SimClient
 from kvadmit.sim.replay import Replay
-from kvadmit.sim.workload import SimRequest, WorkloadSpec, build_workload
 
 DEFAULT_START = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
