@@ -30,7 +30,7 @@ ALLOWED: dict[str, str | None] = {
     "engine": "executor request scheduler",
     "executor": "costmodel model request scheduler",
     "costmodel": "config observe",  # below sim and executor
-    "observe": "scheduler",
+    "observe": "config scheduler",
     "model": "sampling_params",
     "scheduler": "config memory request",
     "request": "memory sampling_params",
