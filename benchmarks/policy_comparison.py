@@ -19,11 +19,11 @@ import datetime as dt
 import os
 import platform
 
+from kvadmit.bench.workload import WorkloadSpec
 from kvadmit.config import ServerArgs
 from kvadmit.costmodel.costspec import resolve_cost_model
 from kvadmit.sim.run import SimConfig
 from kvadmit.sim.sweep import PointResult, SweepPoint, default_workers, run_points
-from kvadmit.sim.workload import WorkloadSpec
 from machine import cpu_model
 
 POLICIES = ("reserve-all", "sglang", "optimistic")

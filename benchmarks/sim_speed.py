@@ -25,10 +25,10 @@ import time
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # one core
 
+from kvadmit.bench.workload import WorkloadSpec
 from kvadmit.config import ServerArgs
 from kvadmit.costmodel.costmodel import CostModel
 from kvadmit.sim.run import SimConfig, simulate
-from kvadmit.sim.workload import WorkloadSpec
 from machine import cpu_model, publish
 
 TARGET_S = 20.0

@@ -25,11 +25,11 @@ import statistics
 import time
 from dataclasses import replace
 
+from kvadmit.bench.workload import WorkloadSpec
 from kvadmit.config import ServerArgs
 from kvadmit.costmodel.costspec import resolve_cost_model
 from kvadmit.sim.run import SimConfig
 from kvadmit.sim.sweep import SweepPoint, default_workers, run_point, run_points
-from kvadmit.sim.workload import WorkloadSpec
 from machine import cpu_model, publish
 
 TARGET_S = 2.0

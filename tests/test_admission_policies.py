@@ -10,12 +10,12 @@ from __future__ import annotations
 import pytest
 
 from helpers import make_req, make_scheduler, step
+from kvadmit.bench.workload import WorkloadSpec
 from kvadmit.config import ConfigError, ServerArgs
 from kvadmit.costmodel.costmodel import CostModel
 from kvadmit.scheduler.events import Retraction
 from kvadmit.sim.run import SimConfig
 from kvadmit.sim.sweep import SweepPoint, run_point
-from kvadmit.sim.workload import WorkloadSpec
 
 
 def queue(sched: object, prompts: list[int], max_new: int = 300, ignore_eos: bool = False) -> None:

@@ -12,7 +12,7 @@ import pytest
 from kvadmit.bench.backends import PayloadOptions, build_payload
 from kvadmit.bench.datasets import DatasetError, DatasetSpec, build_dataset, corpus_texts
 from kvadmit.bench.tokenizer import load_tokenizer
-from kvadmit.sim.workload import WorkloadSpec, build_workload
+from kvadmit.bench.workload import WorkloadSpec, build_workload
 
 BYTES = load_tokenizer("byte-level")
 

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from kvadmit.bench.workload import WorkloadSpec
 from kvadmit.config import ServerArgs
 from kvadmit.costmodel.calibrate import CalibrationError, calibrate, calibrate_files
 from kvadmit.costmodel.fit import fit_step_time
 from kvadmit.observe import loglines
 from kvadmit.sim.run import SimConfig, simulate
-from kvadmit.sim.workload import WorkloadSpec
 
 LOGS = Path(__file__).parent / "data" / "logs"
 Q2_RUN = [LOGS / name for name in (

@@ -53,6 +53,15 @@ def test_a_decode_line_behind_any_prefix(prefix: str) -> None:
     assert rec.scheduler == ("DP3" if "DP3" in prefix else "")
 
 
+def test_rank_tags_after_the_first_bracket() -> None:
+    """A wrapper's bracket before the rank tags: the calibrate reader always read these; now the doctor
+    does too (it used to stop at the first `]`)."""
+    rec = parsed("[2025-11-03 08:15:42] [DP1 TP1] " + loglines.DECODE.render(**DECODE_VALUES))
+    assert rec.rank == "DP1 TP1" and rec.scheduler == "DP1" and rec.ts == "2025-11-03 08:15:42"
+    access = parsed('[2025-11-03 08:15:42] INFO:     127.0.0.1:53420 - "POST /generate HTTP/1.1" 200 OK')
+    assert access.kind == parse.HTTP and access.rank == ""
+
+
 @pytest.mark.parametrize(
     ("fmt", "values"),
     [

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from kvadmit.bench.workload import WorkloadSpec
 from kvadmit.config import ServerArgs
 from kvadmit.costmodel.costmodel import CostModel
 from kvadmit.doctor.diagnose import Inputs, diagnose
 from kvadmit.doctor.model import Diagnosis
 from kvadmit.sim.run import SimConfig, simulate
-from kvadmit.sim.workload import WorkloadSpec
 
 
 def doctor_on(cfg: SimConfig, path: Path) -> Diagnosis:

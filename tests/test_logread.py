@@ -51,3 +51,37 @@ def test_older_and_hand_copied_variants() -> None:
 def test_an_ellipsis_line_starts_a_new_excerpt_segment() -> None:
     lines = read_batch_lines(["[2026-10-16 14:08:14] " + DECODE, "…", DECODE, "not a batch line"])
     assert [(b.segment, b.line_no) for b in lines] == [(0, 1), (1, 3)]
+
+
+def test_rank_tags_and_timestamps_the_doctor_always_read() -> None:
+    """Where this reader and the doctor's disagreed, both now take the more lenient reading: a context-
+    parallel tag among the ranks, a comma and milliseconds after the seconds, a date without a year."""
+    cp = parse_batch_line(
+        "[2025-11-03 08:15:42 DP1 CP0 TP1 EP1] Decode batch. #running-req: 3, #token: 100, "
+        "token usage: 0.10, cuda graph: True, gen throughput (token/s): 10.00, #queue-req: 0"
+    )
+    assert cp is not None and cp.stream == "DP1 CP0 TP1 EP1"
+    ms = parse_batch_line(
+        "2025-11-03 08:15:42,517 ATTN_DP2 MOE_EP2 Prefill batch, #new-seq: 1, #new-token: 64, "
+        "#cached-token: 0, token usage: 0.02, #running-req: 4, #queue-req: 0"
+    )
+    assert ms is not None and ms.stream == "ATTN_DP2 MOE_EP2"
+    assert ms.time == datetime(2025, 11, 3, 8, 15, 42)  # whole seconds, as before
+    yearless = parse_batch_line(
+        "INFO 11-03 08:15:42 TP0] Decode batch, #running-req: 3, #token: 100, token usage: 0.10, "
+        "gen throughput (token/s): 10.00, #queue-req: 0"
+    )
+    assert yearless is not None and yearless.time == datetime(2000, 11, 3, 8, 15, 42)
+
+
+def test_fields_take_the_names_and_types_of_every_release_s_template() -> None:
+    hybrid = parse_batch_line(
+        "[2025-11-03 08:15:42 TP0] Decode batch, #running-req: 3, #full token: 900, full token usage: 0.10, "
+        "#swa token: 400, swa token usage: 0.20, pre-allocated usage: 0.00, cuda graph: True, "
+        "gen throughput (token/s): 10.00, #queue-req: 0"
+    )
+    assert hybrid is not None
+    assert hybrid.fields["full_num_used_tokens"] == 900 and hybrid.fields["swa_num_used_tokens"] == 400
+    assert hybrid.fields["prealloc_usage"] == 0.0
+    nan = parse_batch_line("Decode batch, #running-req: 3, gen throughput (token/s): nan, mfu: 0.31")
+    assert nan is not None and "gen_throughput" not in nan.fields and nan.fields["mfu"] == 0.31

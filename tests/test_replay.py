@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from kvadmit.bench.workload import WorkloadSpec
 from kvadmit.config import ServerArgs
 from kvadmit.costmodel.costmodel import CostModel
 from kvadmit.sim.replay import ReplayError, parse_replay
 from kvadmit.sim.run import SimConfig, simulate
-from kvadmit.sim.workload import WorkloadSpec
 
 
 def test_replaying_a_runs_own_request_trace_reproduces_it_request_by_request() -> None:

@@ -12,11 +12,11 @@ import pytest
 
 from kvadmit.bench.metrics import BenchmarkMetrics
 from kvadmit.bench.summary import render_summary
+from kvadmit.bench.workload import WorkloadSpec
 from kvadmit.config import ServerArgs
 from kvadmit.costmodel.costmodel import CostModel
 from kvadmit.observe import loglines
 from kvadmit.sim.run import SimConfig, SimResult, simulate
-from kvadmit.sim.workload import WorkloadSpec
 
 
 def run(cfg: SimConfig) -> tuple[SimResult, list[str]]:
@@ -72,7 +72,7 @@ def test_early_stops_decay_the_ratio_until_retraction_and_nothing_is_lost() -> N
     ended = Counter(result.finished_rids)
     assert len(ended) == 1000 + 1 and set(ended.values()) == {1}  # every request (and the warm-up) once
     # Each stopped exactly at its drawn length (EOS), retracted or not.
-    from kvadmit.sim.workload import build_workload
+    from kvadmit.bench.workload import build_workload
 
     specs, _ = build_workload(cfg.workload)
     assert [o.output_len for o in result.outcomes] == [
@@ -269,7 +269,7 @@ def test_token_times_kept_as_decode_runs_equal_a_per_token_record() -> None:
 
 
 def test_random_ids_prompts_are_bench_servings() -> None:
-    from kvadmit.sim.workload import SimRequest
+    from kvadmit.bench.workload import SimRequest
 
     spec = SimRequest(index=3, prompt_len=10, output_len=1, max_new_tokens=1, true_output_len=None,
                       ignore_eos=True, offset=95)  # fmt: skip
@@ -280,7 +280,7 @@ def test_random_ids_prompts_are_bench_servings() -> None:
 def test_lengths_are_drawn_as_bench_serving_draws_them() -> None:
     import numpy as np
 
-    from kvadmit.sim.workload import build_workload
+    from kvadmit.bench.workload import build_workload
 
     specs, _ = build_workload(
         WorkloadSpec(num_prompts=50, input_len=300, output_len=200, range_ratio=0.25, seed=7)

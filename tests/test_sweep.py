@@ -9,13 +9,13 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+from kvadmit.bench.workload import WorkloadSpec
 from kvadmit.config import ServerArgs
 from kvadmit.costmodel.costmodel import CostModel
 from kvadmit.sim.rate_search import Target, search_max_rate
 from kvadmit.sim.run import SimConfig
 from kvadmit.sim.svgplot import nice_ticks
 from kvadmit.sim.sweep import SweepPoint, run_point, run_points
-from kvadmit.sim.workload import WorkloadSpec
 
 SMALL = SimConfig(
     args=ServerArgs(max_total_tokens=20_000),

@@ -14,12 +14,12 @@ from collections.abc import Iterator
 import pytest
 import ray  # a dev dependency: where it is missing these tests fail, they do not skip
 
+from kvadmit.bench.workload import WorkloadSpec
 from kvadmit.cli import main
 from kvadmit.config import ServerArgs
 from kvadmit.costmodel.costmodel import CostModel
 from kvadmit.sim.run import SimConfig
 from kvadmit.sim.sweep import PointResult, SweepPoint, run_point, run_points
-from kvadmit.sim.workload import WorkloadSpec
 
 GRID = ["sweep", "--max-total-tokens", "8000", "--num-prompts", "200", "--random-input-len", "256",
         "--random-output-len", "256", "--disable-ignore-eos", "--schedule-conservativeness", "0.3,1.3",

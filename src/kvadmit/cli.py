@@ -228,11 +228,11 @@ def add_simulate_flags(p: argparse.ArgumentParser) -> None:
 
 def simulate_config(ns: argparse.Namespace) -> SimConfig:
     """The SimConfig that `simulate`'s flags describe; UsageError names a bad flag."""
+    from kvadmit.bench.workload import WorkloadSpec
     from kvadmit.costmodel.costmodel import CostModel, CostModelError
     from kvadmit.costmodel.costspec import resolve_cost_model
     from kvadmit.sim.replay import ReplayError, load_replay
     from kvadmit.sim.run import SimConfig
-    from kvadmit.sim.workload import WorkloadSpec
 
     if ns.max_total_tokens is None:
         raise UsageError("--max-total-tokens is required: the simulated GPU's KV pool size in tokens")

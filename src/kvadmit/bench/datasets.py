@@ -5,7 +5,7 @@ is then handed on for the Poisson gaps; one Python generator (random.Random(seed
 tokens where bench_serving uses Python's `random`. `recorded prompt_len` is the dataset's length (the
 target for random datasets), as bench_serving records it.
 
-* random-ids: the lengths and token offsets of `kvadmit simulate` (sim/workload.py), the same request
+* random-ids: the lengths and token offsets of `kvadmit simulate` (bench/workload.py), the same request
   for the same seed; token j of prompt i is (offset_i + i + j) mod vocab. Sent as text (the ids decoded)
   with the tokenizer's special-token count taken off the length, or as ids with --tokenize-prompt.
 * random: the shipped corpus (or a local ShareGPT file), each prompt's tokens repeated or cut to length.
@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from kvadmit.bench.tokenizer import BenchTokenizer
-from kvadmit.sim.workload import WorkloadSpec, build_workload
+from kvadmit.bench.workload import WorkloadSpec, build_workload
 
 DATASETS = ("random-ids", "random", "sharegpt", "generated-shared-prefix")
 

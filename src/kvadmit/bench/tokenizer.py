@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any, Protocol
 
-from kvadmit.server.byte_tokenizer import VOCAB_SIZE, ByteTokenizer
+from kvadmit.model.byte_tokenizer import VOCAB_SIZE, ByteTokenizer
 
 BYTE_LEVEL = "byte-level"
 

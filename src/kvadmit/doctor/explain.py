@@ -13,6 +13,7 @@ from kvadmit.config import ConfigError, ServerArgs
 from kvadmit.doctor.collect import Collected
 from kvadmit.doctor.rates import n, ordinal, word
 from kvadmit.doctor.waves import WaveShape
+from kvadmit.observe.metric_names import MAX_TOTAL_NUM_TOKENS
 
 
 def pool_size(c: Collected, from_metrics: float | None = None) -> tuple[int | None, str]:
@@ -21,7 +22,7 @@ def pool_size(c: Collected, from_metrics: float | None = None) -> tuple[int | No
     if isinstance(value, int) and value > 0:
         return value, "the start-up line"
     if from_metrics:
-        return int(from_metrics), "sglang:max_total_num_tokens"
+        return int(from_metrics), MAX_TOTAL_NUM_TOKENS.name
     q = c.queue
     if q.pool_points and q.pool_lo <= q.pool_hi and q.pool_hi < float("inf"):
         mid = (q.pool_lo + q.pool_hi) / 2

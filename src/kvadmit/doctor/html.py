@@ -9,6 +9,7 @@ from html import escape
 
 from kvadmit.doctor.model import Diagnosis, Finding
 from kvadmit.doctor.timeline import Marker, Point, Series
+from kvadmit.observe.svg_chart import dot, element, polyline, text
 
 WIDTH, HEIGHT = 960, 170
 LEFT, RIGHT, TOP, BOTTOM = 64, 16, 26, 26
@@ -80,46 +81,38 @@ def _panel(
     out = [
         f'<svg width="{WIDTH}" height="{HEIGHT}" viewBox="0 0 {WIDTH} {HEIGHT}" role="img" '
         f'aria-label="{escape(title)}">',
-        f'<text x="{LEFT}" y="16" font-size="13" font-weight="600">{escape(title)}</text>',
-        f'<rect x="{LEFT}" y="{TOP}" width="{WIDTH - LEFT - RIGHT}" height="{plot_h}" fill="#fafafa" '
-        'stroke="#ccc"/>',
-    ]
+        text({"x": LEFT, "y": 16, "font-size": 13, "font-weight": 600}, title),
+        element("rect", {"x": LEFT, "y": TOP, "width": WIDTH - LEFT - RIGHT, "height": plot_h,
+                         "fill": "#fafafa", "stroke": "#ccc"}),
+    ]  # fmt: skip
     for frac in (0.0, 0.5, 1.0):
         y = TOP + plot_h - frac * plot_h
         label = f"{top * frac:.2f}" if top <= 2 else f"{top * frac:,.0f}"
-        out.append(f'<text x="{LEFT - 6}" y="{y + 4:.1f}" font-size="11" text-anchor="end">{label}</text>')
+        out.append(text({"x": LEFT - 6, "y": f"{y + 4:.1f}", "font-size": 11, "text-anchor": "end"}, label))
     lo, hi = x_range
     unit = "s" if timed else "line"
     for frac, anchor in ((0.0, "start"), (0.5, "middle"), (1.0, "end")):
         x = lo + frac * (hi - lo)
-        out.append(
-            f'<text x="{sx(x):.1f}" y="{HEIGHT - 8}" font-size="11" text-anchor="{anchor}">'
-            f"{x:,.0f} {unit}</text>"
-        )
+        attrs = {"x": f"{sx(x):.1f}", "y": HEIGHT - 8, "font-size": 11, "text-anchor": anchor}
+        out.append(text(attrs, f"{x:,.0f} {unit}"))
     if guide is not None:
-        out.append(
-            f'<line x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{sy(guide):.1f}" y2="{sy(guide):.1f}" '
-            'stroke="#888" stroke-dasharray="4 3"/>'
-        )
+        y = f"{sy(guide):.1f}"
+        out.append(element("line", {"x1": LEFT, "x2": WIDTH - RIGHT, "y1": y, "y2": y, "stroke": "#888",
+                                    "stroke-dasharray": "4 3"}))  # fmt: skip
     for m in markers:
         x = m.t if timed else m.line
         if x is None:
             continue
         colour = MARKER_COLOURS.get(m.kind, "#d62728")
         tip = f"line {m.line}: {m.kind} ×{m.count} {m.label}".strip()
-        out.append(
-            f'<line x1="{sx(x):.1f}" x2="{sx(x):.1f}" y1="{TOP}" y2="{TOP + plot_h}" stroke="{colour}" '
-            f'stroke-opacity="0.55"><title>{escape(tip)}</title></line>'
-        )
+        attrs = {"x1": f"{sx(x):.1f}", "x2": f"{sx(x):.1f}", "y1": TOP, "y2": TOP + plot_h, "stroke": colour,
+                 "stroke-opacity": "0.55"}  # fmt: skip
+        out.append(element("line", attrs, f"<title>{escape(tip)}</title>"))
     for _name, colour, pts in series:
-        if not pts:
-            continue
-        coords = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in pts)
         if len(pts) == 1:
-            x, y = pts[0]
-            out.append(f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="4" fill="{colour}"/>')
-        else:
-            out.append(f'<polyline points="{coords}" fill="none" stroke="{colour}" stroke-width="1.6"/>')
+            out.append(dot(sx(pts[0][0]), sy(pts[0][1]), "4", colour))
+        elif pts:
+            out.append(polyline([(sx(x), sy(y)) for x, y in pts], colour, "1.6"))
     out.append("</svg>")
     return "".join(out)
 

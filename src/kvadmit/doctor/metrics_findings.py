@@ -160,11 +160,11 @@ def _pitfall(scrapes: list[prom.Scrape]) -> Finding | None:
         )
     queue_known = any(s.value(prom.QUEUED) is not None for s in sglang)
     if not queue_known:
-        lines.append("It has no sglang:num_queue_reqs either, so it cannot show whether requests wait.")
+        lines.append(f"It has no {prom.QUEUED[0]} either, so it cannot show whether requests wait.")
     if not lines:
         return None
     title = (
-        "Metrics pitfall: sglang:num_retracted_reqs is reset every interval; use the _total counter's rate"
+        f"Metrics pitfall: {prom.RETRACTED_GAUGE} is reset every interval; use the _total counter's rate"
         if gauge
         else "Metrics: what this scrape can and cannot tell"
     )
@@ -175,10 +175,7 @@ def _pitfall(scrapes: list[prom.Scrape]) -> Finding | None:
         title,
         lines,
         evidence,
-        [
-            "Alert on rate(sglang:num_retracted_requests_total[5m]) * 60 > 1 (retractions per minute), not "
-            "on the gauge."
-        ],
+        [f"Alert on rate({prom.RETRACTED_COUNTER}[5m]) * 60 > 1 (retractions per minute), not on the gauge."],
     )
 
 

@@ -3,8 +3,9 @@
 The message is found by its head anywhere in the line, so every prefix seen in the wild works:
 `[2026-09-13 16:06:04] `, `[2025-06-12 11:41:56 TP0] `, `2025-02-19 11:45:37 TP0] ` (no bracket),
 `2025-10-20 03:02:22 INFO 31223 [DP3 TP3 EP3 file.py:222] `, vLLM's `INFO 06-16 21:24:15 metrics.py:341] `,
-or nothing at all. The timestamp and rank tags are read from the text before the head. Field names and
-the heads come from `kvadmit.observe.loglines` (SGLang) and `vllm_lines` (vLLM): no second definition.
+or nothing at all. The timestamp and rank tags are read from the text before the head, and a batch line's
+fields, by observe/logread.py (the reader calibrate uses too). Field names and the heads come from
+`kvadmit.observe.loglines` (SGLang) and `vllm_lines` (vLLM): no second definition.
 
 Cheap substring tests pick the candidate format before any regex runs: most lines of a big log are
 batch lines or HTTP access lines, and unknown lines cost a handful of `in` tests.
@@ -12,12 +13,12 @@ batch lines or HTTP access lines, and unknown lines cost a handful of `in` tests
 
 from __future__ import annotations
 
-import calendar
 import operator
 import re
 
 from kvadmit.doctor import vllm_lines
 from kvadmit.observe import loglines
+from kvadmit.observe.logread import BATCH_MARKER, PrefixReader, read_batch_fields
 from kvadmit.scheduler.retraction import (
     LAST_REQUEST_ABORT_MESSAGE,
     LAST_REQUEST_ASSERTION,
@@ -41,16 +42,11 @@ VLLM_PREEMPT = "vllm_preempt"
 PROGRESS = "progress"
 METRIC = "metric"
 
-_BATCH = re.compile(r"(Prefill|Decode) batch(?: \[\d+\])?[.,]?")
-_TS = re.compile(r"(?:(\d{4})-)?(\d\d)-(\d\d)[ T](\d\d):(\d\d):(\d\d)(?:[.,](\d+))?")
-_TIME_ONLY = re.compile(r"(?:^|[\[ ])(\d\d):(\d\d):(\d\d)(?:[.,]\d+)?(?=[\] ])")
-_RANK = re.compile(r"\b(?:TP|DP|PP|EP|CP|ATTN_DP|MOE_EP)\d+\b")
 _ERROR = re.compile(r"\b([A-Z][A-Za-z0-9_.]*(?:Error|Exception))\b:?")
 _ELAPSED = re.compile(r"\[(?:(\d+):)?(\d+):(\d\d)<")
 _ABORT_RID = re.compile(r"Abort request (\S+)")
 
 _RETRACT_HEADS = tuple(dict.fromkeys(f.head for f in loglines.RETRACT_FORMATS))
-_BATCH_READER = loglines.FieldReader(loglines.BATCH_FORMATS)
 # What the doctor reads from a batch line, in this order (`Parsed.values`); None where a line lacks it.
 BATCH_VALUES = (
     "running_req",
@@ -124,8 +120,7 @@ class LineParser:
     """Parses lines; remembers the last timestamp conversion (a log has many lines per second)."""
 
     def __init__(self) -> None:
-        self._ts_text = ""
-        self._ts_value: float | None = None
+        self._prefix_reader = PrefixReader()
         self._last_prefix = ""
         self._last: tuple[str, float | None, str, str] = ("", None, "", "")
 
@@ -139,13 +134,11 @@ class LineParser:
             if m is None:
                 continue
             ts = m.group(1)
-            if ts != self._ts_text:
-                stamp = _TS.match(ts)
-                self._ts_text, self._ts_value = ts, (_seconds(stamp) if stamp else None)
+            t = self._prefix_reader.seconds(ts)
             got = tuple(map(_call, stamped.types, m.group(*stamped.groups)))
             if stamped.kind is DECODE:
-                return DECODE, ts, self._ts_value, got + _NO_PREFILL
-            return PREFILL, ts, self._ts_value, got[:3] + _NO_DECODE + got[3:]
+                return DECODE, ts, t, got + _NO_PREFILL
+            return PREFILL, ts, t, got[:3] + _NO_DECODE + got[3:]
         return None
 
     def parse(self, text: str) -> Parsed | None:
@@ -160,12 +153,12 @@ class LineParser:
             prefix = text[:start]
             if prefix[0] == "[":  # SGLang's "[date time rank] ": the rest (an access line's client) varies
                 close = prefix.find("]")
-                if close > 0:
+                if close > 0 and "P" not in prefix[close:]:  # no rank tag after the bracket
                     prefix = prefix[: close + 1]
             if prefix == self._last_prefix:  # consecutive lines often share their prefix exactly
                 rec.ts, rec.t, rec.rank, rec.scheduler = self._last
             else:
-                self._prefix(rec, prefix)
+                rec.ts, rec.t, rec.rank, rec.scheduler = self._prefix_reader.read(prefix)
                 self._last_prefix = prefix
                 self._last = (rec.ts, rec.t, rec.rank, rec.scheduler)
         return rec
@@ -189,16 +182,16 @@ class LineParser:
                     got = loglines.PREFILL_CLASSIC.values_at(text, start, _PREFILL_VALUES)
                 if got is not None:
                     return Parsed(PREFILL, text[start:], None, got[:3] + _NO_DECODE + got[3:]), start
-            m = _BATCH.search(text)
+            m = BATCH_MARKER.search(text)
             if m is not None:
                 kind = PREFILL if m.group(1) == "Prefill" else DECODE
-                fields, _ = _BATCH_READER.read(text[m.end() :])
+                fields: dict[str, object] = dict(read_batch_fields(text[m.end() :]))
                 if "token_usage" not in fields:  # hybrid models: the fuller of the two pools decides
                     pools = [fields.get("full_token_usage"), fields.get("swa_token_usage")]
                     known = [u for u in pools if isinstance(u, float)]
                     if known:
                         fields["token_usage"] = max(known)
-                values = tuple(fields.get(n) for n in BATCH_VALUES)
+                values = tuple(_number(fields.get(n)) for n in BATCH_VALUES)
                 return Parsed(kind, text[m.start() :], fields, values), m.start()
         end = text.find(" HTTP/")
         if end >= 0:  # an access line: `"POST /generate HTTP/1.1" 200 OK`
@@ -286,44 +279,10 @@ class LineParser:
                 return Parsed(ERROR, text[m.start() :], {"type": m.group(1)}), m.start()
         return None
 
-    # -- the prefix ----------------------------------------------------------------------------------
 
-    def _prefix(self, rec: Parsed, prefix: str) -> None:
-        m = _TS.search(prefix)
-        if m is not None:
-            ts = m.group(0)
-            rec.ts = ts
-            if ts != self._ts_text:
-                self._ts_text = ts
-                self._ts_value = _seconds(m)
-            rec.t = self._ts_value
-        else:
-            m2 = _TIME_ONLY.search(prefix)
-            if m2 is not None:
-                rec.ts = m2.group(0).strip("[ ")
-                h, mi, s = int(m2.group(1)), int(m2.group(2)), int(m2.group(3))
-                rec.t = float(h * 3600 + mi * 60 + s)
-        if "P" in prefix:  # TP/DP/PP/EP/CP tags
-            tags = _RANK.findall(prefix)
-            if tags:
-                rec.rank = " ".join(tags)
-                for tag in tags:
-                    if tag.startswith(("DP", "ATTN_DP")):
-                        rec.scheduler = tag
-                        break
-
-
-def _seconds(m: re.Match[str]) -> float | None:
-    year = int(m.group(1)) if m.group(1) else 2000  # vLLM prints no year; only differences matter
-    month, day = int(m.group(2)), int(m.group(3))
-    if not (1 <= month <= 12 and 1 <= day <= 31):
-        return None
-    hour, minute, sec = int(m.group(4)), int(m.group(5)), int(m.group(6))
-    frac = float("0." + m.group(7)) if m.group(7) else 0.0
-    try:
-        return calendar.timegm((year, month, day, hour, minute, sec, 0, 0, 0)) + frac
-    except (ValueError, OverflowError):
-        return None
+def _number(value: object) -> object:
+    """A batch value as the doctor takes it: a number (int or float), else None."""
+    return value if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 def _progress_elapsed(text: str) -> float | None:

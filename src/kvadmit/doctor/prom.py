@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvadmit.doctor.trackers import Quote
+from kvadmit.observe import metric_names as m
 
 _LENIENT = re.compile(
     r"^([A-Za-z_:][A-Za-z0-9_:]*)(?:\{(.*)\})?\s+([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+)|NaN|[+-]?Inf)\b"
@@ -24,27 +25,20 @@ _LENIENT = re.compile(
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 # What each engine calls the things the doctor reads (first name found wins).
-RUNNING = ("sglang:num_running_reqs", "vllm:num_requests_running")
-QUEUED = ("sglang:num_queue_reqs", "vllm:num_requests_waiting")
-USAGE = ("sglang:token_usage", "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
-HYBRID_USAGE = ("sglang:full_token_usage", "sglang:swa_token_usage")
-USED = ("sglang:num_used_tokens",)
-THROUGHPUT = ("sglang:gen_throughput",)
-POOL = ("sglang:max_total_num_tokens",)
+RUNNING = (m.NUM_RUNNING_REQS.sample, "vllm:num_requests_running")
+QUEUED = (m.NUM_QUEUE_REQS.sample, "vllm:num_requests_waiting")
+USAGE = (m.TOKEN_USAGE.sample, "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+HYBRID_USAGE = (m.FULL_TOKEN_USAGE.sample, m.SWA_TOKEN_USAGE.sample)
+USED = (m.NUM_USED_TOKENS.sample,)
+THROUGHPUT = (m.GEN_THROUGHPUT.sample,)
+POOL = (m.MAX_TOTAL_NUM_TOKENS.sample,)
 SWAPPED = ("vllm:num_requests_swapped",)
-KEY_METRICS = (
-    *("sglang:num_running_reqs", "vllm:num_requests_running"),
-    "sglang:num_queue_reqs",
-    "vllm:num_requests_waiting",
-    "vllm:num_requests_waiting_by_reason",
-    *("sglang:token_usage", "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
-    "vllm:num_requests_swapped",
-)
-RETRACTED_GAUGE = "sglang:num_retracted_reqs"
-RETRACTED_COUNTER = "sglang:num_retracted_requests_total"
-PREEMPTED_COUNTER = "vllm:num_preemptions_total"
 WAITING_BY_REASON = "vllm:num_requests_waiting_by_reason"
-ABORTED_COUNTER = "sglang:num_aborted_requests_total"
+KEY_METRICS = (*RUNNING, QUEUED[0], QUEUED[1], WAITING_BY_REASON, *USAGE, *SWAPPED)
+RETRACTED_GAUGE = m.NUM_RETRACTED_REQS.sample
+RETRACTED_COUNTER = m.NUM_RETRACTED_REQUESTS.sample
+PREEMPTED_COUNTER = "vllm:num_preemptions_total"
+ABORTED_COUNTER = m.NUM_ABORTED_REQUESTS.sample
 # Per-rank gauges where the ranks of one scheduler repeat the value; data-parallel ranks add up.
 _MAX_LIKE = USAGE + HYBRID_USAGE + POOL
 

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from datetime import datetime
 
 from kvadmit.observe import loglines
+from kvadmit.observe.startup import startup_line
 from kvadmit.scheduler.events import (
     DecodeBatchStats,
     Event,
@@ -87,15 +88,4 @@ class SGLangLogWriter:
         elif isinstance(event, LastRequestAborted):
             self._line(now, loglines.LAST_REQUEST_ABORTED.render(rid=event.rid))
         elif isinstance(event, StartupInfo):
-            self._line(
-                now,
-                loglines.STARTUP.render(
-                    max_total_num_tokens=event.max_total_num_tokens,
-                    chunked_prefill_size=event.chunked_prefill_size,
-                    max_prefill_tokens=event.max_prefill_tokens,
-                    max_running_requests=event.max_running_requests,
-                    context_len=event.context_len,
-                    mem_label="available_cpu_mem" if event.device == "cpu" else "available_gpu_mem",
-                    available_mem=event.available_mem_gb,
-                ),
-            )
+            self._line(now, startup_line(event))

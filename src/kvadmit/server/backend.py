@@ -67,7 +67,7 @@ def simulated_backend(
     cost_model: str, tokenizer_path: str | None, max_total_tokens: int | None, context_length: int | None
 ) -> Backend:
     from kvadmit.costmodel.costspec import resolve_cost_model
-    from kvadmit.server.byte_tokenizer import ByteTokenizer
+    from kvadmit.model.byte_tokenizer import ByteTokenizer
 
     cost = resolve_cost_model(cost_model)  # a JSON file or a preset such as h100:llama-3-8b
     if tokenizer_path:

@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kvadmit.bench.metrics import RequestOutcome
+from kvadmit.bench.workload import SimRequest
 from kvadmit.engine import Engine, VirtualClock
 from kvadmit.request import FinishKind, Req, SamplingLimits
 from kvadmit.scheduler.events import Event, Retraction
 from kvadmit.scheduler.types import ScheduledBatch
 from kvadmit.sim.token_times import Piece, gather_gaps
-from kvadmit.sim.workload import SimRequest
 
 
 @dataclass(slots=True)

@@ -1,7 +1,8 @@
 """`kvadmit simulate --replay TRACE.jsonl`: the requests of a measured (or simulated) run, each sent at
 its own time with its own lengths, so a simulation can be compared with that run request by request.
 
-One JSON object per line. Fields (the per-request file `kvadmit simulate --trace-requests` writes):
+One JSON object per line (observe/request_trace.py reads it). Fields (the per-request file
+`kvadmit simulate --trace-requests` writes):
 
     arrival          seconds from the start of the run to when the client sent it (required)
     prompt_len       prompt tokens (required)
@@ -46,11 +47,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvadmit.sim.workload import SimRequest
+from kvadmit.bench.workload import SimRequest
+from kvadmit.observe.request_trace import TracedRequest, TraceError, read_row
 
-
-class ReplayError(ValueError):
-    """The trace cannot be replayed; the message names the line and the field."""
+ReplayError = TraceError  # the trace cannot be replayed; the message names the line and the field
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,22 +63,6 @@ class Replay:
     after_idle: tuple[bool, ...] | None = None
     # Why this trace cannot be replayed step for step (empty: it can), each naming its line.
     step_problems: tuple[str, ...] = ()
-
-
-def _int(row: dict[str, object], key: str, where: str, minimum: int) -> int:
-    value = row.get(key)
-    if isinstance(value, bool) or not isinstance(value, int | float) or value != int(value):
-        raise ReplayError(f"{where}: {key} must be an integer, got {value!r}")
-    if value < minimum:
-        raise ReplayError(f"{where}: {key} must be ≥ {minimum}, got {value}")
-    return int(value)
-
-
-def _stop(row: dict[str, object], where: str, max_new: int) -> int:
-    for key in ("true_output_len", "output_len"):
-        if row.get(key) is not None and row.get(key) != 0:
-            return min(_int(row, key, where, 1), max_new)
-    return max_new
 
 
 BENCH_LISTS = ("start_times", "input_lens", "output_lens")  # what marks a `kvadmit bench` details line
@@ -153,79 +137,48 @@ def _json_rows(lines: list[str], name: str) -> tuple[list[tuple[int, str, dict[s
 
 def parse_replay(lines: list[str], vocab_size: int = 32000, seed: int = 0, name: str = "trace") -> Replay:
     """The requests in order of arrival (seq, then file order, on ties)."""
-    rows: list[tuple[float, int, int, int | None, bool, str, tuple[int, ...] | None, int | None, bool, int]]
-    rows = []
+    rows: list[TracedRequest] = []
     problems: list[str] = []
     first_without_step: str | None = None
     found, limit = _json_rows(lines, name)
     for no, where, row in found:
-        arrival = row.get("arrival")
-        if isinstance(arrival, bool) or not isinstance(arrival, int | float) or not arrival >= 0:
-            raise ReplayError(f"{where}: arrival must be a number of seconds ≥ 0, got {arrival!r}")
-        prompt_len = _int(row, "prompt_len", where, 1)
-        finish = row.get("finish")
-        if finish == "abort":
+        traced = read_row(row, where, no)
+        if traced.finish == "abort":
             rid_text = row.get("rid", "no rid")
             problems.append(f"{where}: the request was aborted ({rid_text}), and the trace does not say at "
                             "which step")  # fmt: skip
-            if row.get("max_new_tokens") is None:  # rejected before its budget was set
-                row = {**row, "max_new_tokens": 1}
-        max_new = _int(row, "max_new_tokens", where, 0)  # 0: a prefill-only request (native /generate)
-        ignore_eos = _bool(row, "ignore_eos", where)
-        true_len = None if ignore_eos else _stop(row, where, max_new)
-        if ignore_eos and finish == "stop":
+        if traced.ignore_eos and traced.finish == "stop":
             problems.append(f"{where}: an ignore_eos request that a stop string ended (the replay cannot end "
                             "it there)")  # fmt: skip
-        rid = str(row.get("rid", f"line-{no}"))
-        tokens = _tokens(row, where, prompt_len)
-        step = _int(row, "arrival_step", where, 0) if row.get("arrival_step") is not None else None
-        if step is None and first_without_step is None:
+        if traced.arrival_step is None and first_without_step is None:
             first_without_step = where
-        seq = _int(row, "seq", where, 0) if row.get("seq") is not None else no
-        idle = _bool(row, "after_idle", where)
-        rows.append((float(arrival), prompt_len, max_new, true_len, ignore_eos, rid, tokens, step, idle, seq))
+        rows.append(traced)
     if not rows:
         raise ReplayError(f"{name}: no requests")
-    rows.sort(key=lambda r: (r[0], r[9]))
+    rows.sort(key=lambda r: (r.arrival, r.seq))
     offsets = np.random.RandomState(seed).randint(0, vocab_size, size=len(rows)).tolist()
     requests = tuple(
-        SimRequest(i, r[1], r[2], r[2], r[3], r[4], offsets[i], r[6]) for i, r in enumerate(rows)
-    )
-    steps = [r[7] for r in rows]
+        SimRequest(i, r.prompt_len, r.max_new_tokens, r.max_new_tokens, r.stop_at, r.ignore_eos, offsets[i],
+                   r.input_ids)
+        for i, r in enumerate(rows)
+    )  # fmt: skip
+    steps = [r.arrival_step for r in rows]
     has_steps = all(s is not None for s in steps)
     if first_without_step is not None:
         missing = f"{first_without_step}: no arrival_step (kvadmit serve --trace-requests writes one)"
         problems.insert(0, missing)
-    seqs = [r[9] for r in rows]
+    seqs = [r.seq for r in rows]
     if has_steps and len(set(seqs)) != len(seqs):
         problems.append(f"{name}: seq repeats (two requests with the same receipt number)")
     return Replay(
         requests,
-        tuple(r[0] for r in rows),
-        tuple(r[5] for r in rows),
+        tuple(r.arrival for r in rows),
+        tuple(r.rid for r in rows),
         limit,
         tuple(s for s in steps if s is not None) if has_steps else None,
-        tuple(r[8] for r in rows) if has_steps else None,
+        tuple(r.after_idle for r in rows) if has_steps else None,
         tuple(problems),
     )
-
-
-def _bool(row: dict[str, object], key: str, where: str) -> bool:
-    value = row.get(key, False)
-    if not isinstance(value, bool):
-        raise ReplayError(f"{where}: {key} must be true or false, got {value!r}")
-    return value
-
-
-def _tokens(row: dict[str, object], where: str, prompt_len: int) -> tuple[int, ...] | None:
-    ids = row.get("input_ids")
-    if ids is None:
-        return None
-    if not isinstance(ids, list) or any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in ids):
-        raise ReplayError(f"{where}: input_ids must be a list of token ids (integers ≥ 0)")
-    if len(ids) != prompt_len:
-        raise ReplayError(f"{where}: input_ids has {len(ids)} tokens but prompt_len is {prompt_len}")
-    return tuple(ids)
 
 
 def load_replay(path: str, vocab_size: int = 32000, seed: int = 0) -> Replay:

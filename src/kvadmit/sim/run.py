@@ -13,18 +13,20 @@ from datetime import datetime, timedelta, timezone
 from typing import IO
 
 from kvadmit.bench.metrics import BenchmarkMetrics, RequestOutcome, calculate_metrics
+from kvadmit.bench.workload import SimRequest, WorkloadSpec, build_workload
 from kvadmit.config import ServerArgs
 from kvadmit.costmodel.costmodel import CostModel
 from kvadmit.engine import Engine, StepObserver, VirtualClock
 from kvadmit.executor.base import StepResult
 from kvadmit.executor.simulated import EOS_TOKEN_ID, SimulatedExecutor
+from kvadmit.observe.request_trace import simulated_line
 from kvadmit.observe.sglang_log import SGLangLogWriter
+from kvadmit.observe.startup import startup_info
 from kvadmit.observe.step_trace import step_row
-from kvadmit.scheduler.events import Event, Retraction, StartupInfo
+from kvadmit.scheduler.events import Event, Retraction
 from kvadmit.scheduler.scheduler import ScheduledBatch, Scheduler
 from kvadmit.sim.client import SimClient
 from kvadmit.sim.replay import Replay
-from kvadmit.sim.workload import SimRequest, WorkloadSpec, build_workload
 
 DEFAULT_START = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
@@ -101,47 +103,13 @@ def _simulate(
     clock = VirtualClock(0.0)  # seconds since cfg.start (small numbers keep full float precision)
     client = SimClient(None, clock, cfg.workload.vocab_size, cfg.max_concurrency, cfg.request_latency_s)
     executor = SimulatedExecutor(cfg.cost, client.true_output_len)
-    observers: list[Callable[[Event, float], None]] = []
-    retractions = 0
-
-    def count(event: Event, now: float) -> None:
-        nonlocal retractions
-        if isinstance(event, Retraction) and not event.forced:
-            retractions += 1
-
-    observers.append(count)
-    observers.append(client.observe)
-    observers.extend(watch_events)
+    retractions = _RetractionCount()
+    observers: list[Callable[[Event, float], None]] = [retractions, client.observe, *watch_events]
     if emit_log is not None:
-        writer = SGLangLogWriter(
-            emit_log,
-            start_time=clock.now(),
-            pending_token_field=scheduler.profile.prefill_log_has_pending_token,
-            to_datetime=lambda t: cfg.start + timedelta(seconds=t),
-        )
-        observers.append(writer.handle)
-        chunk = cfg.args.chunked_prefill_size
-        writer.handle(
-            StartupInfo(
-                max_total_num_tokens=scheduler.max_total_num_tokens,
-                chunked_prefill_size=chunk if chunk is not None else scheduler.chunked_prefill_size or -1,
-                max_prefill_tokens=cfg.args.max_prefill_tokens,
-                max_running_requests=scheduler.max_running_requests,
-                context_len=scheduler.context_len,
-                available_mem_gb=0.0,
-            ),
-            clock.now(),
-        )
+        observers.append(_log_writer(cfg, scheduler, clock, emit_log).handle)
     step_observers = list(watch_steps)
     if step_trace is not None:
-        numbers = itertools.count(1)
-
-        def trace(batch: ScheduledBatch, result: StepResult, now: float) -> None:
-            assert step_trace is not None
-            row = step_row(scheduler, batch, next(numbers), now, result.seconds)
-            step_trace.write(json.dumps(row) + "\n")
-
-        step_observers.append(trace)
+        step_observers.append(_step_tracer(scheduler, step_trace))
     engine = Engine(scheduler, executor, clock, client, observers, step_observers)
     client.engine = engine
     steps = 0
@@ -164,7 +132,7 @@ def _simulate(
     if cfg.replay is not None and cfg.replay_by_step:
         outcomes = [RequestOutcome(prompt_len=s.prompt_len) for s in specs]
         steps = _run_by_step(cfg.replay, engine, client, clock, outcomes)
-        return _finish(cfg, specs, outcomes, client, 0.0, request_trace, retractions, steps, scheduler)
+        return _finish(cfg, specs, outcomes, client, 0.0, request_trace, retractions.count, steps, scheduler)
 
     # Warm-up: the first request's prompt, at most 32 output tokens, behind the same concurrency limit.
     if cfg.warmup_requests > 0:
@@ -190,7 +158,43 @@ def _simulate(
         if rng is not None and cfg.request_rate != float("inf"):
             arrival += float(rng.exponential(1.0 / cfg.request_rate))
     run_until_idle()
-    return _finish(cfg, specs, outcomes, client, start, request_trace, retractions, steps, scheduler)
+    return _finish(cfg, specs, outcomes, client, start, request_trace, retractions.count, steps, scheduler)
+
+
+class _RetractionCount:
+    """The retractions the scheduler chose (not those forced on it), as an event observer."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def __call__(self, event: Event, now: float) -> None:
+        if isinstance(event, Retraction) and not event.forced:
+            self.count += 1
+
+
+def _log_writer(
+    cfg: SimConfig, scheduler: Scheduler, clock: VirtualClock, emit_log: Callable[[str], None]
+) -> SGLangLogWriter:
+    """SGLang's log lines on the virtual clock, from cfg.start; the start-up line written."""
+    writer = SGLangLogWriter(
+        emit_log,
+        start_time=clock.now(),
+        pending_token_field=scheduler.profile.prefill_log_has_pending_token,
+        to_datetime=lambda t: cfg.start + timedelta(seconds=t),
+    )
+    writer.handle(startup_info(scheduler, cfg.args, available_mem_gb=0.0), clock.now())
+    return writer
+
+
+def _step_tracer(scheduler: Scheduler, step_trace: IO[str]) -> StepObserver:
+    """--trace-steps: one JSON line per step (observe/step_trace.py), numbered from 1."""
+    numbers = itertools.count(1)
+
+    def trace(batch: ScheduledBatch, result: StepResult, now: float) -> None:
+        row = step_row(scheduler, batch, next(numbers), now, result.seconds)
+        step_trace.write(json.dumps(row) + "\n")
+
+    return trace
 
 
 def _run_by_step(
@@ -256,24 +260,11 @@ def _finish(
     duration = max((o.start_time + o.latency for o in outcomes), default=start) - start
     if request_trace is not None:
         for spec, o in zip(specs, outcomes, strict=True):
-            request_trace.write(
-                json.dumps(
-                    {
-                        "rid": f"req-{spec.index}",
-                        "arrival": round(o.start_time - start, 6),
-                        "prompt_len": spec.prompt_len,
-                        "max_new_tokens": spec.max_new_tokens,
-                        "output_len": o.output_len,
-                        "true_output_len": spec.true_output_len,
-                        "ignore_eos": spec.ignore_eos,
-                        "success": o.success,
-                        "ttft": round(o.ttft, 6),
-                        "latency": round(o.latency, 6),
-                        "error": o.error,
-                    }
-                )
-                + "\n"
-            )
+            line = simulated_line(
+                f"req-{spec.index}", o.start_time - start, spec.prompt_len, spec.max_new_tokens, o.output_len,
+                spec.true_output_len, spec.ignore_eos, o.success, o.ttft, o.latency, o.error,
+            )  # fmt: skip
+            request_trace.write(line)
     return SimResult(
         outcomes=outcomes,
         duration_s=duration,
