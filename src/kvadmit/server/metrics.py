@@ -38,12 +38,20 @@ REQUEST_LABELS = ("model_name", "engine_type")
 class ServerMetrics:
     def __init__(self, model_name: str, max_total_num_tokens: int, page_size: int, context_len: int):
         self.registry = CollectorRegistry()
-        r = self.registry
         self._labels = {
             "model_name": model_name, "engine_type": "unified", "tp_rank": "0", "pp_rank": "0",
             "moe_ep_rank": "0",
         }  # fmt: skip
         self._req_labels = {"model_name": model_name, "engine_type": "unified"}
+        self._add_scheduler_series(max_total_num_tokens, page_size, context_len)
+        self._add_request_series()
+        self._touch_series()
+        self._last_retracted = 0  # the most recent retraction's count, until the next report
+        self._arrivals: dict[str, float] = {}
+        self._last_decode_report = time.time()
+
+    def _add_scheduler_series(self, max_total_num_tokens: int, page_size: int, context_len: int) -> None:
+        r = self.registry
 
         def gauge(name: str, doc: str) -> Gauge:
             return Gauge(name, doc, SCHEDULER_LABELS, registry=r, multiprocess_mode="mostrecent")
@@ -95,6 +103,8 @@ class ServerMetrics:
         ):
             gauge(name, name.split(":")[1].replace("_", " ")).labels(**self._labels).set(value)
 
+    def _add_request_series(self) -> None:
+        r = self.registry
         streaming = (*REQUEST_LABELS, "is_streaming")
         self.ttft = Histogram(
             "sglang:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
@@ -143,7 +153,9 @@ class ServerMetrics:
             "sglang:generation_tokens_histogram", "Generated tokens per request.", REQUEST_LABELS,
             buckets=TOKEN_COUNT_BUCKETS, registry=r,
         )  # fmt: skip
-        # Touch the labelled children so every series exists from the start (a dashboard sees zeros).
+
+    def _touch_series(self) -> None:
+        """Touch the labelled children so every series exists from the start (a dashboard sees zeros)."""
         for g in (self.num_running_reqs, self.num_queue_reqs, self.num_grammar_queue_reqs,
                   self.gen_throughput, self.cache_hit_rate, self.token_usage, self.num_used_tokens,
                   self.kv_available_tokens, self.kv_evictable_tokens, self.kv_used_tokens,
@@ -157,9 +169,6 @@ class ServerMetrics:
             for m in (self.prompt_tokens, self.generation_tokens, self.num_requests):
                 m.labels(**self._req_labels, is_streaming=s)
         self.num_aborted.labels(**self._req_labels)
-        self._last_retracted = 0  # the most recent retraction's count, until the next report
-        self._arrivals: dict[str, float] = {}
-        self._last_decode_report = time.time()
 
     # ----- scheduler side (engine thread) ---------------------------------------------------------
     def on_event(self, event: Event, now: float) -> None:
