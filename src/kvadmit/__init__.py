@@ -3,13 +3,14 @@ decisions, and the tools to see why requests wait."""
 
 __version__ = "0.1.0"
 
-__all__ = ["Engine"]
+__all__ = ["Engine", "OfflineEngine"]
 
 
 def __getattr__(name: str) -> object:
-    """`kvadmit.Engine` loads torch only when asked for."""
-    if name == "Engine":
-        from kvadmit.api import Engine
+    """`kvadmit.OfflineEngine` (kvadmit/offline.py), also `kvadmit.Engine` (SGLang's name for its offline
+    engine, kept as an alias), loads torch only when asked for."""
+    if name in ("Engine", "OfflineEngine"):
+        from kvadmit.offline import OfflineEngine
 
-        return Engine
+        return OfflineEngine
     raise AttributeError(name)

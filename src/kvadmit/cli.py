@@ -378,9 +378,9 @@ def _run_generate(ns: argparse.Namespace) -> int:
 
     if ns.model_path is not None and not Path(ns.model_path).exists():
         raise UsageError(f"--model-path {ns.model_path!r} does not exist")
-    from kvadmit.api import Engine
     from kvadmit.model.default import DefaultModelError
     from kvadmit.model.loading import ModelLoadError
+    from kvadmit.offline import OfflineEngine as Engine
     from kvadmit.sampling_params import SamplingError
 
     params = {"max_new_tokens": ns.max_new_tokens, "temperature": ns.temperature, "top_p": ns.top_p,

@@ -42,7 +42,7 @@ class TraceError(ValueError):
 
 def served_row(
     seq: int, rid: str, arrival: float, arrival_step: int, after_idle: bool, http_s: float, queued_s: float,
-    input_ids: Sequence[int], max_new_tokens: int, ignore_eos: bool, output_len: int, finish: str,
+    input_ids: Sequence[int], max_new_tokens: int | None, ignore_eos: bool, output_len: int, finish: str,
     cached_tokens: int, retractions: int,
 ) -> dict[str, object]:  # fmt: skip
     """A `kvadmit serve` request's line; http_s and queued_s are its two waits in seconds."""

@@ -4,13 +4,11 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.responses import PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 import kvadmit
@@ -18,8 +16,9 @@ from kvadmit.request import SamplingLimits
 from kvadmit.sampling_params import SamplingParams
 from kvadmit.server.errors import APIError
 from kvadmit.server.protocol import NATIVE_SAMPLING_KEYS, AbortBody, GenerateBody, sampling_from, stop_list
+from kvadmit.server.request_path import Submission, Usage, answer
 from kvadmit.server.session import Delta, Outcome, Session
-from kvadmit.server.sse import DONE, abort_event, first_event, sse, stream_response
+from kvadmit.server.sse import sse
 from kvadmit.server.state import ServerState
 
 UNSUPPORTED_NONZERO = ("frequency_penalty", "presence_penalty")
@@ -69,9 +68,63 @@ def native_sampling(sp: dict[str, Any]) -> tuple[SamplingLimits, SamplingParams,
     return limits, params, stop_list(sp.get("stop"), "stop"), skip
 
 
+class NativeAnswer:
+    """SGLang's /generate answers: one object per prompt (a list for a batch); a stream sends the whole
+    text so far in each event."""
+
+    def __init__(self, single: bool) -> None:
+        self.single = single
+        self.text = ""  # the streamed text so far
+
+    def refuses(self, outcome: Outcome) -> bool:
+        return outcome.finished.kind == "abort" and not outcome.output_ids
+
+    def body(self, sessions: list[Session], outcomes: list[Outcome]) -> Any:
+        out = [response_of(o, s.rid) for o, s in zip(outcomes, sessions, strict=True)]
+        return out[0] if self.single else out
+
+    def opening(self) -> list[bytes]:
+        return []
+
+    def delta(self, session: Session, delta: Delta) -> bytes | None:
+        self.text += delta.text
+        return sse({
+            "text": self.text, "output_ids": list(session.output_ids),
+            "meta_info": {"id": session.rid, "finish_reason": None,
+                          "prompt_tokens": len(session.input_ids),
+                          "completion_tokens": len(session.output_ids), "cached_tokens": 0},
+        })  # fmt: skip
+
+    def closing(self, session: Session, outcome: Outcome) -> list[bytes]:
+        return [sse(response_of(outcome, session.rid))]
+
+
+def response_of(outcome: Outcome, rid: str) -> dict[str, Any]:
+    usage = Usage.of([outcome])
+    return {
+        "text": outcome.text,
+        "output_ids": outcome.output_ids,
+        "meta_info": {
+            "id": rid,
+            "finish_reason": finish_reason(outcome),
+            "prompt_tokens": usage.prompt_tokens,
+            "completion_tokens": usage.completion_tokens,
+            "cached_tokens": usage.cached_tokens,
+            "e2e_latency": outcome.e2e_latency,
+        },
+    }
+
+
 def router(state: ServerState) -> APIRouter:
     r = APIRouter()
+    _generate_route(r, state)
+    _health_routes(r, state)
+    _info_routes(r, state)
+    _control_routes(r, state)
+    return r
 
+
+def _generate_route(r: APIRouter, state: ServerState) -> None:
     async def prompts_of(body: GenerateBody) -> tuple[list[list[int]], bool]:
         if (body.text is None) == (body.input_ids is None):
             raise APIError("give exactly one of text or input_ids", param="text")
@@ -83,21 +136,6 @@ def router(state: ServerState) -> APIRouter:
             return [list(x) for x in ids], False  # type: ignore[arg-type]
         return [list(ids)], True  # type: ignore[arg-type]
 
-    def response_of(outcome: Outcome, rid: str) -> dict[str, Any]:
-        f = outcome.finished
-        return {
-            "text": outcome.text,
-            "output_ids": outcome.output_ids,
-            "meta_info": {
-                "id": rid,
-                "finish_reason": finish_reason(outcome),
-                "prompt_tokens": f.prompt_tokens,
-                "completion_tokens": f.completion_tokens,
-                "cached_tokens": f.cached_tokens,
-                "e2e_latency": outcome.e2e_latency,
-            },
-        }
-
     async def generate(body: GenerateBody, request: Request) -> Response:
         state.check_accepting()
         prompts, single = await prompts_of(body)
@@ -107,54 +145,15 @@ def router(state: ServerState) -> APIRouter:
             raise APIError("streaming takes one prompt; send a batch without stream", param="stream")
         for ids in prompts:
             state.check_lengths(len(ids), limits.requested_max_new_tokens, "max_new_tokens")
-
-        def session(ids: list[int], rid: str | None) -> Session:
-            return Session(
-                state.runner, ids, dataclasses.replace(limits),
-                params, stops=stops, skip_special_tokens=skip, streaming=body.stream,
-                is_disconnected=request.is_disconnected, rid=rid,
-                received=getattr(request.state, "received", None),
-            )  # fmt: skip
-
-        if not body.stream:
-            sessions = [session(ids, body.rid if single else None) for ids in prompts]
-            outcomes = await asyncio.gather(*(s.result() for s in sessions))
-            for o in outcomes:
-                if o.finished.kind == "abort" and not o.output_ids:
-                    raise APIError(o.finished.message, o.finished.status_code)
-            out = [response_of(o, s.rid) for o, s in zip(outcomes, sessions, strict=True)]
-            return JSONResponse(out[0] if single else out)
-
-        s = session(prompts[0], body.rid)
-        events, first = await first_event(s)
-
-        async def body_stream() -> AsyncIterator[bytes]:
-            text = ""
-            item = first
-            while item is not None:
-                if isinstance(item, Delta):
-                    text += item.text
-                    yield sse({
-                        "text": text, "output_ids": list(s.output_ids),
-                        "meta_info": {"id": s.rid, "finish_reason": None,
-                                      "prompt_tokens": len(s.input_ids),
-                                      "completion_tokens": len(s.output_ids), "cached_tokens": 0},
-                    })  # fmt: skip
-                else:
-                    if item.finished.kind == "abort":
-                        yield abort_event(item)
-                    else:
-                        item_resp = response_of(item, s.rid)
-                        yield sse(item_resp)
-                    break
-                item = await anext(events, None)
-            yield DONE
-
-        return stream_response(body_stream(), s)
+        rids = [body.rid] if single else [None] * len(prompts)
+        submission = Submission(prompts, limits, params, stops, skip, body.stream, rids)
+        return await answer(state, request, submission, NativeAnswer(single))
 
     r.add_api_route("/generate", generate, methods=["POST"])
     r.add_api_route("/generate", generate, methods=["PUT"], include_in_schema=False)
 
+
+def _health_routes(r: APIRouter, state: ServerState) -> None:
     @r.api_route("/health", methods=["GET"])
     @r.api_route("/health_generate", methods=["GET"])
     async def health(request: Request) -> Response:
@@ -180,6 +179,8 @@ def router(state: ServerState) -> APIRouter:
         ok, _ = state.runner.healthy
         return Response(status_code=200 if ok and state.runner.accepting else 503)
 
+
+def _info_routes(r: APIRouter, state: ServerState) -> None:
     async def server_info() -> dict[str, Any]:
         internal = await state.engine_call(state.runner.internal_state)
         return {
@@ -205,6 +206,8 @@ def router(state: ServerState) -> APIRouter:
     r.add_api_route("/model_info", model_info, methods=["GET"])
     r.add_api_route("/get_model_info", model_info, methods=["GET"])
 
+
+def _control_routes(r: APIRouter, state: ServerState) -> None:
     async def flush_cache() -> Response:
         if await state.engine_call(state.runner.flush_cache):
             return PlainTextResponse("Cache flushed.\n", status_code=200)
@@ -230,5 +233,3 @@ def router(state: ServerState) -> APIRouter:
         if not state.enable_metrics or state.runner.metrics is None:
             raise APIError("metrics are off: start the server with --enable-metrics", 404)
         return Response(state.runner.metrics.render(), media_type=CONTENT_TYPE_LATEST)
-
-    return r

@@ -2,22 +2,20 @@
 
 from __future__ import annotations
 
-import asyncio
-import dataclasses
 import time
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from kvadmit.request import SamplingLimits
 from kvadmit.sampling_params import SamplingParams
 from kvadmit.server.errors import APIError
 from kvadmit.server.protocol import ChatBody, CompletionBody, _OpenAIBody, sampling_from, stop_list
+from kvadmit.server.request_path import Submission, Usage, answer
 from kvadmit.server.session import Delta, Outcome, Session
-from kvadmit.server.sse import DONE, abort_event, first_event, sse, stream_response
+from kvadmit.server.sse import sse
 from kvadmit.server.state import ServerState
 
 
@@ -25,12 +23,12 @@ def _finish_reason(outcome: Outcome) -> str:
     return {"stop": "stop", "length": "length"}.get(outcome.finished.kind, "abort")
 
 
-def _usage(prompt: int, completion: int, cached: int) -> dict[str, Any]:
+def _usage(usage: Usage) -> dict[str, Any]:
     return {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": cached},
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
     }
 
 
@@ -55,12 +53,90 @@ def _sampling(
     )
 
 
+class OpenAIAnswer:
+    """OpenAI's completion and chat completion objects; a stream sends each new piece of text as a chunk,
+    then one with the finish reason (and, when asked, one with the usage)."""
+
+    def __init__(self, chat: bool, model: str, include_usage: bool) -> None:
+        self.chat = chat
+        self.model = model
+        self.include_usage = include_usage
+        self.created = int(time.time())
+        self.rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+
+    def refuses(self, outcome: Outcome) -> bool:
+        return outcome.finished.kind == "abort"
+
+    def body(self, sessions: list[Session], outcomes: list[Outcome]) -> Any:
+        choices = []
+        for i, o in enumerate(outcomes):
+            choice: dict[str, Any] = {"index": i, "finish_reason": _finish_reason(o),
+                                      "matched_stop": o.finished.matched}  # fmt: skip
+            if self.chat:
+                choice["message"] = {"role": "assistant", "content": o.text}
+            else:
+                choice["text"] = o.text
+                choice["logprobs"] = None
+            choices.append(choice)
+        obj = "chat.completion" if self.chat else "text_completion"
+        return {"id": self.rid, "object": obj, "created": self.created, "model": self.model,
+                "choices": choices, "usage": _usage(Usage.of(outcomes))}  # fmt: skip
+
+    def opening(self) -> list[bytes]:
+        return [self._chunk(None, None, role=True)] if self.chat else []
+
+    def delta(self, session: Session, delta: Delta) -> bytes | None:
+        return self._chunk(delta.text, None) if delta.text else None
+
+    def closing(self, session: Session, outcome: Outcome) -> list[bytes]:
+        out = []
+        if outcome.final_delta:
+            out.append(self._chunk(outcome.final_delta, None))
+        out.append(self._chunk(None if self.chat else "", _finish_reason(outcome),
+                               matched_stop=outcome.finished.matched))  # fmt: skip
+        if self.include_usage:
+            out.append(self._sse(choices=[], usage=_usage(Usage.of([outcome]))))
+        return out
+
+    def _chunk(self, delta_text: str | None, finish: str | None, role: bool = False, **extra: Any) -> bytes:
+        if self.chat:
+            delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else {}
+            if delta_text is not None and not role:
+                delta["content"] = delta_text
+            choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish, **extra}
+        else:
+            choice = {"index": 0, "text": delta_text or "", "logprobs": None, "finish_reason": finish,
+                      **extra}  # fmt: skip
+        return self._sse(choices=[choice])
+
+    def _sse(self, **fields: Any) -> bytes:
+        obj = "chat.completion.chunk" if self.chat else "text_completion"
+        return sse({"id": self.rid, "object": obj, "created": self.created, "model": self.model, **fields})
+
+
+def _submission(
+    state: ServerState, body: _OpenAIBody, prompts: list[list[int]], max_new: int | None, max_field: str
+) -> Submission:
+    """The checks every OpenAI generating route makes, in their order."""
+    state.check_accepting()
+    limits, params = _sampling(body, max_new, max_field)
+    stops = stop_list(body.stop, "stop")
+    for ids in prompts:
+        state.check_lengths(len(ids), max_new, max_field)
+    if body.stream and len(prompts) != 1:
+        raise APIError("streaming takes one prompt; send several without stream", param="prompt")
+    return Submission(prompts, limits, params, stops, body.skip_special_tokens, body.stream,
+                      [None] * len(prompts))  # fmt: skip
+
+
 def router(state: ServerState) -> APIRouter:
     r = APIRouter()
+    _models_route(r, state)
+    _completion_routes(r, state)
+    return r
 
-    def check_model(body: _OpenAIBody) -> str:
-        return body.model or state.served_model_name
 
+def _models_route(r: APIRouter, state: ServerState) -> None:
     @r.get("/v1/models")
     async def models() -> dict[str, Any]:
         return {
@@ -77,6 +153,8 @@ def router(state: ServerState) -> APIRouter:
             ],
         }
 
+
+def _completion_routes(r: APIRouter, state: ServerState) -> None:
     async def run(
         request: Request,
         body: _OpenAIBody,
@@ -85,94 +163,10 @@ def router(state: ServerState) -> APIRouter:
         max_field: str,
         chat: bool,
     ) -> Response:
-        state.check_accepting()
-        limits, params = _sampling(body, max_new, max_field)
-        stops = stop_list(body.stop, "stop")
-        for ids in prompts:
-            state.check_lengths(len(ids), max_new, max_field)
-        model = check_model(body)
-        created = int(time.time())
-        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
-        obj = "chat.completion" if chat else "text_completion"
-
-        def session(ids: list[int]) -> Session:
-            return Session(
-                state.runner, ids, dataclasses.replace(limits), params, stops=stops,
-                skip_special_tokens=body.skip_special_tokens, streaming=body.stream,
-                is_disconnected=request.is_disconnected, received=getattr(request.state, "received", None),
-            )  # fmt: skip
-
-        if not body.stream:
-            sessions = [session(ids) for ids in prompts]
-            outcomes = await asyncio.gather(*(s.result() for s in sessions))
-            for o in outcomes:
-                if o.finished.kind == "abort":
-                    raise APIError(o.finished.message, o.finished.status_code)
-            choices = []
-            for i, o in enumerate(outcomes):
-                choice: dict[str, Any] = {"index": i, "finish_reason": _finish_reason(o),
-                                          "matched_stop": o.finished.matched}  # fmt: skip
-                if chat:
-                    choice["message"] = {"role": "assistant", "content": o.text}
-                else:
-                    choice["text"] = o.text
-                    choice["logprobs"] = None
-                choices.append(choice)
-            usage = _usage(
-                sum(o.finished.prompt_tokens for o in outcomes),
-                sum(o.finished.completion_tokens for o in outcomes),
-                sum(o.finished.cached_tokens for o in outcomes),
-            )
-            return JSONResponse(
-                {"id": rid, "object": obj, "created": created, "model": model, "choices": choices,
-                 "usage": usage}
-            )  # fmt: skip
-
-        if len(prompts) != 1:
-            raise APIError("streaming takes one prompt; send several without stream", param="prompt")
-        s = session(prompts[0])
-        events, first = await first_event(s)
-        chunk_obj = "chat.completion.chunk" if chat else "text_completion"
+        submission = _submission(state, body, prompts, max_new, max_field)
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-
-        def chunk(delta_text: str | None, finish: str | None, role: bool = False, **extra: Any) -> bytes:
-            if chat:
-                delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else {}
-                if delta_text is not None and not role:
-                    delta["content"] = delta_text
-                choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish, **extra}
-            else:
-                choice = {"index": 0, "text": delta_text or "", "logprobs": None, "finish_reason": finish,
-                          **extra}  # fmt: skip
-            return sse({"id": rid, "object": chunk_obj, "created": created, "model": model,
-                        "choices": [choice]})  # fmt: skip
-
-        async def body_stream() -> AsyncIterator[bytes]:
-            if chat:
-                yield chunk(None, None, role=True)
-            item = first
-            while item is not None:
-                if isinstance(item, Delta):
-                    if item.text:
-                        yield chunk(item.text, None)
-                else:
-                    if item.finished.kind == "abort":
-                        yield abort_event(item)
-                    else:
-                        if item.final_delta:
-                            yield chunk(item.final_delta, None)
-                        yield chunk(None if chat else "", _finish_reason(item),
-                                    matched_stop=item.finished.matched)  # fmt: skip
-                        if include_usage:
-                            f = item.finished
-                            yield sse({"id": rid, "object": chunk_obj, "created": created, "model": model,
-                                       "choices": [], "usage": _usage(f.prompt_tokens, f.completion_tokens,
-                                                                      f.cached_tokens)})  # fmt: skip
-                    break
-                item = await anext(events, None)
-            yield DONE
-
-        return stream_response(body_stream(), s)
+        form = OpenAIAnswer(chat, body.model or state.served_model_name, include_usage)
+        return await answer(state, request, submission, form)
 
     @r.post("/v1/completions")
     async def completions(body: CompletionBody, request: Request) -> Response:
@@ -213,5 +207,3 @@ def router(state: ServerState) -> APIRouter:
         field = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
         max_new = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         return await run(request, body, [ids], max_new, field, chat=True)
-
-    return r

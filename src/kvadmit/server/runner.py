@@ -1,114 +1,42 @@
-"""The engine loop on its own thread, and the channels between it and the HTTP handlers.
+"""The engine loop on its own thread.
 
 HTTP handlers tokenize, build a Job and hand it over; the engine thread owns the scheduler, the executor
-and every Req, and is the only thread that touches them. Everything crosses threads by message: commands
-go in through a queue (run between steps), tokens and ends come out through each request's Stream. So
-HTTP, tokenization and detokenization never stall a forward step, and a step never waits on a client.
+and every Req, and is the only thread that touches them. Everything crosses threads by message (channels.py):
+commands go in through the Mailbox (run between steps), tokens and ends come out through each request's
+Stream. So HTTP, tokenization and detokenization never stall a forward step, and a step never waits on a
+client.
 """
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
-import contextlib
 import logging
-import queue
 import threading
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from kvadmit.config import ServerArgs
 from kvadmit.engine import Engine, WallClock
 from kvadmit.executor.base import StepResult
+from kvadmit.observe.request_trace import served_row
 from kvadmit.observe.sglang_log import SGLangLogWriter
+from kvadmit.observe.startup import startup_info
 from kvadmit.observe.step_trace import step_row
-from kvadmit.request import MAX_NEW_TOKENS_UNSET, FinishKind, Req, SamplingLimits
-from kvadmit.sampling_params import SamplingParams
-from kvadmit.scheduler.events import StartupInfo
+from kvadmit.request import MAX_NEW_TOKENS_UNSET, FinishKind, Req
 from kvadmit.scheduler.scheduler import Scheduler
 from kvadmit.scheduler.types import ScheduledBatch
 from kvadmit.server.backend import Backend
+from kvadmit.server.channels import Finished, Job, Mailbox, Outbox
 from kvadmit.server.metrics import ServerMetrics
 from kvadmit.server.traces import TraceFile
+from kvadmit.stop_strings import StopStringWatch
 
 T = TypeVar("T")
 SHUTDOWN_MESSAGE = "The server is shutting down."
 log = logging.getLogger("kvadmit.server")
-
-
-@dataclass(frozen=True, slots=True)
-class Finished:
-    """How a request ended, as its handler needs it."""
-
-    kind: str  # "stop" | "length" | "abort"
-    matched: int | str | None
-    message: str
-    status_code: int
-    prompt_tokens: int
-    completion_tokens: int
-    cached_tokens: int
-    first_token_time: float | None = None  # wall clock, taken on the engine thread
-
-
-class Stream:
-    """One request's channel from the engine thread to its handler: lists of new token ids, then one
-    Finished."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self._queue: asyncio.Queue[list[int] | Finished] = asyncio.Queue()
-
-    def put(self, item: list[int] | Finished) -> None:  # any thread
-        self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
-
-    async def get(self, timeout: float) -> list[int] | Finished | None:
-        try:
-            return await asyncio.wait_for(self._queue.get(), timeout)
-        except asyncio.TimeoutError:
-            return None
-
-
-class Outbox:
-    """What one engine step has for the handlers, delivered with one wake-up per event loop (not one
-    per token per request: with a hundred streams that is most of a step's cost)."""
-
-    def __init__(self) -> None:
-        self._items: list[tuple[Stream, list[int] | Finished]] = []
-
-    def put(self, stream: Stream, item: list[int] | Finished) -> None:
-        self._items.append((stream, item))
-
-    def flush(self) -> None:
-        if not self._items:
-            return
-        items, self._items = self._items, []
-        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Stream, list[int] | Finished]]] = {}
-        for stream, item in items:
-            by_loop.setdefault(stream._loop, []).append((stream, item))
-        for loop, batch in by_loop.items():
-            with contextlib.suppress(RuntimeError):  # a closed event loop: nobody is left to read these
-                loop.call_soon_threadsafe(_deliver, batch)
-
-
-def _deliver(batch: list[tuple[Stream, list[int] | Finished]]) -> None:
-    for stream, item in batch:
-        stream._queue.put_nowait(item)
-
-
-@dataclass(slots=True)
-class Job:
-    rid: str
-    input_ids: list[int]
-    limits: SamplingLimits
-    params: SamplingParams
-    stream: Stream
-    stop: list[str] = field(default_factory=list)
-    stream_tokens: bool = True  # False: all tokens come with the end (a non-streaming request)
-    received: float = field(default_factory=time.monotonic)  # when its HTTP request reached the app
-    handed: float = 0.0  # when the HTTP side handed it to the engine thread (submit)
 
 
 @dataclass(slots=True)
@@ -117,7 +45,7 @@ class _Live:
     req: Req
     sent: int = 0  # output tokens already put on the stream
     first_token_time: float | None = None
-    detok: Any = None  # stop-string detokenizer (only for requests with stop strings)
+    stop_watch: StopStringWatch | None = None  # only for requests with stop strings
     # When the engine received it (for --trace-requests): its order, seconds since the start, the steps
     # run before it, and whether an idle pass came between the last of them and it.
     seq: int = 0
@@ -162,20 +90,8 @@ class EngineRunner:
                 pending_token_field=self.scheduler.profile.prefill_log_has_pending_token,
             )
             observers.append(writer.handle)
-            chunk = args.chunked_prefill_size
-            s = self.scheduler
-            writer.handle(
-                StartupInfo(
-                    max_total_num_tokens=s.max_total_num_tokens,
-                    chunked_prefill_size=chunk if chunk is not None else s.chunked_prefill_size or -1,
-                    max_prefill_tokens=args.max_prefill_tokens,
-                    max_running_requests=s.max_running_requests,
-                    context_len=s.context_len,
-                    available_mem_gb=backend.available_mem_gb,
-                    device="cpu" if backend.device == "cpu" else "cuda",
-                ),
-                time.time(),
-            )
+            device = "cpu" if backend.device == "cpu" else "cuda"
+            writer.handle(startup_info(self.scheduler, args, backend.available_mem_gb, device), time.time())
         step_observers = []
         if metrics is not None:
             observers.append(metrics.on_event)
@@ -185,11 +101,8 @@ class EngineRunner:
         self._step_row: dict[str, object] | None = None  # the step that ran, its times still to come
         self.engine = Engine(self.scheduler, backend.executor, WallClock(), self, observers, step_observers)
         self._live: dict[str, _Live] = {}
-        self._commands: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
-        self._wake = threading.Event()
         self._outbox = Outbox()
-        self._closing = threading.Lock()
-        self._closed = False
+        self._mailbox = Mailbox(self._outbox)
         self._stopping = False
         self._idle_published = False
         self.accepting = True
@@ -241,13 +154,7 @@ class EngineRunner:
 
     # ----- commands (any thread) ------------------------------------------------------------------
     def _send(self, command: Callable[[], None]) -> None:
-        with self._closing:
-            if not self._closed:
-                self._commands.put(command)
-                self._wake.set()
-                return
-        command()  # the loop has ended: nothing else touches the engine now, answer here
-        self._outbox.flush()
+        self._mailbox.send(command)
 
     def submit(self, job: Job) -> None:
         job.handed = time.monotonic()
@@ -273,8 +180,8 @@ class EngineRunner:
     def _loop(self) -> None:
         try:
             while not self._stopping:
-                self._wake.clear()
-                self._run_commands()
+                self._mailbox.clear_wake()
+                self._mailbox.run_pending()
                 self._outbox.flush()
                 if self._stopping:
                     break
@@ -294,7 +201,7 @@ class EngineRunner:
                     self._publish_pool()
                     self.metrics.publish_idle(len(self.scheduler.waiting))
                     self._idle_published = True
-                self._wake.wait(0.5)
+                self._mailbox.wait(0.5)
         except BaseException as e:  # the loop must never die silently
             self.error = f"{type(e).__name__}: {e}"
             log.error("The engine loop died:\n%s", traceback.format_exc())
@@ -302,10 +209,7 @@ class EngineRunner:
                 self._end(live, Finished("abort", None, f"internal error: {self.error}", 500, 0, 0, 0))
             self._live.clear()
         finally:
-            with self._closing:  # from now on _send runs commands itself: none is ever left unanswered
-                self._closed = True
-                self._run_commands()
-                self._outbox.flush()
+            self._mailbox.close()  # from now on _send runs commands itself: none is ever left unanswered
 
     def _note_step(self, batch: ScheduledBatch, result: StepResult, now: float) -> None:
         """--trace-steps: the batch and the state after it, read as the step ends (inside engine.step)."""
@@ -317,17 +221,6 @@ class EngineRunner:
         row, self._step_row = self._step_row, None
         row.update(t=round(ended - self.started, 6), seconds=round(ended - begun, 9))
         self.step_trace.write(row)
-
-    def _run_commands(self) -> None:
-        while True:
-            try:
-                command = self._commands.get_nowait()
-            except queue.Empty:
-                return
-            try:
-                command()
-            except Exception:  # one bad command must not take the loop down
-                log.error("An engine command failed:\n%s", traceback.format_exc())
 
     def _publish_pool(self) -> None:
         assert self.metrics is not None
@@ -349,9 +242,7 @@ class EngineRunner:
         live = _Live(job, req, seq=self.submitted - 1, arrival=time.monotonic() - self.started,
                      arrival_step=self.steps, after_idle=self._idle)  # fmt: skip
         if job.stop:
-            from kvadmit.model.detokenize import IncrementalDetokenizer
-
-            live.detok = IncrementalDetokenizer(self.backend.tokenizer)
+            live.stop_watch = StopStringWatch(self.backend.tokenizer, job.stop)
         self._live[job.rid] = live
         if self.metrics is not None:
             self.metrics.on_arrival(job.rid, time.time())
@@ -373,13 +264,9 @@ class EngineRunner:
 
     def _stop_checker(self, req: Req) -> str | None:
         live = self._live.get(req.rid)
-        if live is None or live.detok is None:
+        if live is None or live.stop_watch is None:
             return None
-        live.detok.add([req.output_ids[-1]])
-        for stop in live.job.stop:
-            if stop in live.detok.text:
-                return stop
-        return None
+        return live.stop_watch.add(req.output_ids[-1])
 
     # ----- Listener (engine thread) ---------------------------------------------------------------
     def on_step(self, batch: ScheduledBatch, now: float) -> None:
@@ -436,16 +323,14 @@ class EngineRunner:
         req, job = live.req, live.job
         # The budget as granted; null for a request that asked for none and was turned away before the grant.
         granted = None if req.max_new_tokens == MAX_NEW_TOKENS_UNSET else req.max_new_tokens
-        self.request_trace.write({
-            "seq": live.seq, "rid": live.job.rid, "arrival": round(live.arrival, 6),
-            "arrival_step": live.arrival_step, "after_idle": live.after_idle,
-            "http_ms": round(1000 * (job.handed - job.received), 3),  # to the hand-over
-            "queued_ms": round(1000 * (self.started + live.arrival - job.handed), 3),  # to the receipt
-            "prompt_len": len(req.origin_input_ids), "max_new_tokens": granted,
-            "ignore_eos": req.sampling.ignore_eos, "output_len": len(req.output_ids), "finish": finished.kind,
-            "cached_tokens": req.cached_tokens, "retractions": req.retraction_count,
-            "input_ids": list(req.origin_input_ids),
-        })  # fmt: skip
+        self.request_trace.write(served_row(
+            seq=live.seq, rid=job.rid, arrival=live.arrival, arrival_step=live.arrival_step,
+            after_idle=live.after_idle, http_s=job.handed - job.received,  # to the hand-over
+            queued_s=self.started + live.arrival - job.handed,  # to the receipt
+            input_ids=req.origin_input_ids, max_new_tokens=granted, ignore_eos=req.sampling.ignore_eos,
+            output_len=len(req.output_ids), finish=finished.kind, cached_tokens=req.cached_tokens,
+            retractions=req.retraction_count,
+        ))  # fmt: skip
 
     # ----- state (engine thread, through call()) --------------------------------------------------
     def internal_state(self) -> dict[str, Any]:

@@ -13,7 +13,9 @@ from typing import Any
 from kvadmit.model.detokenize import IncrementalDetokenizer
 from kvadmit.request import SamplingLimits
 from kvadmit.sampling_params import SamplingParams
-from kvadmit.server.runner import EngineRunner, Finished, Job, Stream
+from kvadmit.server.channels import Finished, Job, Stream
+from kvadmit.server.runner import EngineRunner
+from kvadmit.stop_strings import cut_at_stop, shown_length
 
 POLL_S = 0.05  # how often a waiting handler checks whether its client is still there
 
@@ -42,17 +44,12 @@ class TextAssembler:
     def __init__(self, tokenizer: Any, stops: list[str], skip_special_tokens: bool) -> None:
         self.detok = IncrementalDetokenizer(tokenizer, skip_special_tokens=skip_special_tokens)
         self.stops = stops
-        self.hold = max((len(s) for s in stops), default=1) - 1
         self.emitted = 0
 
     def add(self, ids: list[int]) -> str:
         self.detok.add(ids)
         text = self.detok.text
-        safe = len(text) - self.hold
-        for stop in self.stops:
-            at = text.find(stop)
-            if at != -1:
-                safe = min(safe, at)
+        safe = shown_length(text, self.stops)
         if safe <= self.emitted:
             return ""
         delta = text[self.emitted : safe]
@@ -62,9 +59,7 @@ class TextAssembler:
     def finish(self, matched: int | str | None) -> tuple[str, str]:
         """(the whole text, what is left to emit)."""
         self.detok.flush()
-        text = self.detok.text
-        if isinstance(matched, str) and matched in text:
-            text = text[: text.find(matched)]
+        text = cut_at_stop(self.detok.text, matched)
         rest = text[self.emitted :] if len(text) > self.emitted else ""
         self.emitted = max(self.emitted, len(text))
         return text, rest

@@ -1,8 +1,11 @@
-"""The offline API: `kvadmit.Engine(model_path=None, **server_args).generate(prompts, sampling_params)`.
+"""The offline API: `kvadmit.OfflineEngine(model_path=None, **server_args).generate(prompts,
+sampling_params)`, also known as `kvadmit.Engine` (SGLang's name for its offline engine).
 
-The same scheduler decides everything; the torch executor runs its batches on the real model. Sampling
-parameters take SGLang's names and defaults (max_new_tokens 128, temperature 1.0, top_p 1.0, top_k −1,
-min_p 0, stop, stop_token_ids, ignore_eos, min_new_tokens, sampling_seed).
+A thin driver on the engine loop (kvadmit.engine.Engine, the one that joins scheduler, executor and
+clock): it submits a call's requests, steps the loop until nothing is left to run, and reads each answer
+off its Req. The torch executor runs the batches on the real model. Sampling parameters take SGLang's
+names and defaults (max_new_tokens 128, temperature 1.0, top_p 1.0, top_k −1, min_p 0, stop,
+stop_token_ids, ignore_eos, min_new_tokens, sampling_seed).
 """
 
 from __future__ import annotations
@@ -10,10 +13,11 @@ from __future__ import annotations
 from typing import Any
 
 from kvadmit.config import ServerArgs
+from kvadmit.engine import Engine, WallClock
 from kvadmit.request import FinishKind, Req, SamplingLimits
 from kvadmit.sampling_params import SamplingError, SamplingParams
-from kvadmit.scheduler.events import RequestAborted
-from kvadmit.scheduler.scheduler import Scheduler
+from kvadmit.scheduler.scheduler import ScheduledBatch, Scheduler
+from kvadmit.stop_strings import StopStringWatch, cut_at_stop
 
 _SAMPLING_KEYS = {
     "max_new_tokens", "temperature", "top_p", "top_k", "min_p", "stop", "stop_token_ids", "ignore_eos",
@@ -21,7 +25,7 @@ _SAMPLING_KEYS = {
 }  # fmt: skip
 
 
-class Engine:
+class OfflineEngine:
     def __init__(
         self,
         model_path: str | None = None,
@@ -57,7 +61,8 @@ class Engine:
             stop_checker=self._stop_checker,
         )
         self.executor = TorchExecutor(self.model, self.scheduler.pool.size)
-        self._stops: dict[str, tuple[list[str], Any]] = {}
+        self.engine = Engine(self.scheduler, self.executor, WallClock(), self)
+        self._stops: dict[str, StopStringWatch] = {}  # requests with stop strings, until they end
         self._count = 0
         self._log_startup()
 
@@ -66,31 +71,25 @@ class Engine:
         import logging
 
         from kvadmit.model.sizing import available_bytes
-        from kvadmit.observe import loglines
+        from kvadmit.observe.startup import startup_info, startup_line
 
-        s = self.scheduler
-        line = loglines.STARTUP.render(
-            max_total_num_tokens=s.max_total_num_tokens,
-            chunked_prefill_size=self.args.chunked_prefill_size or s.chunked_prefill_size or -1,
-            max_prefill_tokens=self.args.max_prefill_tokens,
-            max_running_requests=s.max_running_requests,
-            context_len=s.context_len,
-            mem_label="available_gpu_mem" if self.device.startswith("cuda") else "available_cpu_mem",
-            available_mem=available_bytes(self.device) / 2**30,
+        device = "cuda" if self.device.startswith("cuda") else "cpu"
+        line = startup_line(
+            startup_info(self.scheduler, self.args, available_bytes(self.device) / 2**30, device)
         )
         self.startup_line = line
         logging.getLogger("kvadmit").info(line)
 
-    # ----- stop strings --------------------------------------------------------------------------
+    # ----- the engine's listener and stop checker -------------------------------------------------
+    def on_step(self, batch: ScheduledBatch, now: float) -> None:
+        pass  # answers are read off each Req once the loop has run dry
+
+    def on_finish(self, req: Req, now: float) -> None:
+        self._stops.pop(req.rid, None)
+
     def _stop_checker(self, req: Req) -> str | None:
-        stops, detok = self._stops.get(req.rid, ((), None))
-        if not stops or detok is None:
-            return None
-        detok.add([req.output_ids[-1]])
-        for stop in stops:
-            if stop in detok.text:
-                return stop
-        return None
+        watch = self._stops.get(req.rid)
+        return watch.add(req.output_ids[-1]) if watch is not None else None
 
     # ----- the API -------------------------------------------------------------------------------
     def generate(
@@ -100,8 +99,6 @@ class Engine:
         input_ids: list[int] | list[list[int]] | None = None,
     ) -> dict[str, Any] | list[dict[str, Any]]:
         """Generate for one prompt (a dict back) or several (a list back)."""
-        from kvadmit.model.detokenize import IncrementalDetokenizer
-
         single = isinstance(prompt, str) or (
             input_ids is not None and input_ids and isinstance(input_ids[0], int)
         )
@@ -120,17 +117,15 @@ class Engine:
         reqs = []
         for ids, sp in zip(ids_list, params_list, strict=True):
             req = self._make_req(ids, sp)
-            stops = sp.get("stop") or []
-            self._stops[req.rid] = (
-                [stops] if isinstance(stops, str) else list(stops),
-                IncrementalDetokenizer(self.tokenizer),
-            )
+            stop = sp.get("stop") or []
+            stops = [stop] if isinstance(stop, str) else list(stop)
+            if stops:
+                self._stops[req.rid] = StopStringWatch(self.tokenizer, stops)
             reqs.append(req)
-            self.scheduler.add_request(req)
-        self._run()
+            self.engine.submit(req)  # a rejection ends it at once (its Req carries the reason)
+        while self.engine.step():
+            pass
         outputs = [self._output(r) for r in reqs]
-        for r in reqs:
-            self._stops.pop(r.rid, None)
         return outputs[0] if single else outputs
 
     def chat(
@@ -169,18 +164,6 @@ class Engine:
             ),
         )
 
-    def _run(self) -> None:
-        sched = self.scheduler
-        while True:
-            batch = sched.next_batch()
-            sched.drain_events()
-            if batch is None:
-                return
-            sched.on_batch_done(batch, self.executor.run(batch).next_token_ids)
-            for event in sched.drain_events():
-                if isinstance(event, RequestAborted):
-                    continue  # its Req carries the reason
-
     def _output(self, req: Req) -> dict[str, Any]:
         reason = req.finished_reason
         out_ids = list(req.output_ids)
@@ -194,8 +177,7 @@ class Engine:
             finish = {"type": "length", "length": len(out_ids)}
         else:
             finish = {"type": "stop", "matched": reason.matched}
-            if isinstance(reason.matched, str):
-                text = text[: text.find(reason.matched)] if reason.matched in text else text
+            text = cut_at_stop(text, reason.matched)
         return {
             "text": text,
             "output_ids": out_ids,

@@ -1,0 +1,131 @@
+"""The one path every generating request takes, whichever API it came through (/generate,
+/v1/completions, /v1/chat/completions).
+
+Each API parses and checks its own body into a Submission, and says how its answers look through an
+AnswerForm; from there the path is shared: one Session per prompt submits a Job, a non-streaming request
+collects every Outcome (an abort the API refuses becomes its error response), a streaming one sends
+server-sent events (a rejection before the first event still gets its status code; a client that goes
+away aborts its request), and token counts come from the ends the engine reported.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+
+from kvadmit.request import SamplingLimits
+from kvadmit.sampling_params import SamplingParams
+from kvadmit.server.errors import APIError
+from kvadmit.server.session import Delta, Outcome, Session
+from kvadmit.server.sse import DONE, abort_event, first_event, stream_response
+from kvadmit.server.state import ServerState
+
+
+@dataclass(slots=True)
+class Submission:
+    """A parsed and checked request: its prompts and how to sample them."""
+
+    prompts: list[list[int]]
+    limits: SamplingLimits
+    params: SamplingParams
+    stops: list[str]
+    skip_special_tokens: bool
+    stream: bool  # a streaming request has exactly one prompt (its API checked)
+    rids: list[str | None]  # one per prompt; None: a fresh id
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Token counts as the engine reported them at the requests' ends, summed over the outcomes."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+
+    @classmethod
+    def of(cls, outcomes: Iterable[Outcome]) -> Usage:
+        ends = [o.finished for o in outcomes]
+        return cls(
+            sum(f.prompt_tokens for f in ends),
+            sum(f.completion_tokens for f in ends),
+            sum(f.cached_tokens for f in ends),
+        )
+
+
+class AnswerForm(Protocol):
+    """How one API words its answers (one instance per request)."""
+
+    def refuses(self, outcome: Outcome) -> bool:
+        """Whether this end of a non-streaming request makes the whole request an error response."""
+        ...
+
+    def body(self, sessions: list[Session], outcomes: list[Outcome]) -> Any:
+        """A non-streaming request's JSON body."""
+        ...
+
+    def opening(self) -> list[bytes]:
+        """Events sent before the first token."""
+        ...
+
+    def delta(self, session: Session, delta: Delta) -> bytes | None:
+        """The event for new text, if any."""
+        ...
+
+    def closing(self, session: Session, outcome: Outcome) -> list[bytes]:
+        """The events for a request that ended normally (not aborted), before [DONE]."""
+        ...
+
+
+async def answer(state: ServerState, request: Request, sub: Submission, form: AnswerForm) -> Response:
+    pairs = zip(sub.prompts, sub.rids, strict=True)
+    sessions = [_session(state, request, sub, ids, rid) for ids, rid in pairs]
+    if not sub.stream:
+        outcomes = await asyncio.gather(*(s.result() for s in sessions))
+        for o in outcomes:
+            if form.refuses(o):
+                raise APIError(o.finished.message, o.finished.status_code)
+        return JSONResponse(form.body(sessions, list(outcomes)))
+    session = sessions[0]
+    events, first = await first_event(session)
+    return stream_response(_events(form, session, events, first), session)
+
+
+def _session(
+    state: ServerState, request: Request, sub: Submission, ids: list[int], rid: str | None
+) -> Session:
+    return Session(
+        state.runner, ids, dataclasses.replace(sub.limits), sub.params, stops=sub.stops,
+        skip_special_tokens=sub.skip_special_tokens, streaming=sub.stream,
+        is_disconnected=request.is_disconnected, rid=rid, received=getattr(request.state, "received", None),
+    )  # fmt: skip
+
+
+async def _events(
+    form: AnswerForm,
+    session: Session,
+    events: AsyncIterator[Delta | Outcome],
+    first: Delta | Outcome | None,
+) -> AsyncIterator[bytes]:
+    for chunk in form.opening():
+        yield chunk
+    item = first
+    while item is not None:
+        if isinstance(item, Delta):
+            chunk = form.delta(session, item)
+            if chunk is not None:
+                yield chunk
+        else:
+            if item.finished.kind == "abort":
+                yield abort_event(item)
+            else:
+                for chunk in form.closing(session, item):
+                    yield chunk
+            break
+        item = await anext(events, None)
+    yield DONE
