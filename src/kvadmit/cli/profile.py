@@ -1,5 +1,5 @@
 """`kvadmit profile`: measure the real executor's step times here and write a cost model (torch is
-imported only when the command runs)."""
+imported only when the command runs: the measuring is profile_timing.py, the fit costmodel/profile.py)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
+from kvadmit.cli.flags import add_model_flags
 from kvadmit.errors import UsageError
 
 if TYPE_CHECKING:
@@ -33,25 +34,21 @@ GRID: tuple[tuple[str, tuple[int, ...], str], ...] = (
 REPEATS = 3
 
 
-def profile_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser(
         "profile",
         help="measure the real executor's step times on this machine and write a cost model",
         description="Run the torch executor over a grid of decode batch sizes × context lengths and "
         "prefill sizes, fit the cost model's coefficients and write it for kvadmit simulate.",
     )
-    p.add_argument(
-        "--model-path", default=None, help="an HF folder or .gguf (default: SmolLM2-135M-Instruct)"
+    add_model_flags(
+        p,
+        path_help="an HF folder or .gguf (default: SmolLM2-135M-Instruct)",
+        dtype_help="as kvadmit serve resolves it (auto: bfloat16 where the CPU computes it natively, "
+        "else float32; bfloat16/float16 on CUDA), so the profile times the server's executor",
+        device_help="cpu, cuda, or auto (cuda when present), as for serve",
     )
     p.add_argument("-o", "--output", metavar="FILE", help="write the cost model (JSON) here")
-    p.add_argument(
-        "--dtype",
-        choices=("auto", "float32", "bfloat16", "float16"),
-        default="auto",
-        help="as kvadmit serve resolves it (auto: bfloat16 where the CPU computes it natively, "
-        "else float32; bfloat16/float16 on CUDA), so the profile times the server's executor",
-    )
-    p.add_argument("--device", default="auto", help="cpu, cuda, or auto (cuda when present), as for serve")
     for flag, default, what in GRID:
         shown = ",".join(map(str, default))
         p.add_argument(flag, type=_ints, default=None, help=f"{what} (default: {shown})")
@@ -73,7 +70,7 @@ def profile_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[typ
                    "prefill step there minus the executor's time for it, their median, is added to every "
                    "prefill step in place of the decode fit's a + b × requests (a log line has no prefill "
                    "step time)")  # fmt: skip
-    p.set_defaults(func=run_profile)
+    p.set_defaults(func=run)
 
 
 def _step_rows(path: str) -> list[dict[str, object]]:
@@ -102,10 +99,10 @@ def _step_rows(path: str) -> list[dict[str, object]]:
     return rows
 
 
-def run_profile(ns: argparse.Namespace) -> int:
+def run(ns: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from kvadmit.commands.costs import describe
+    from kvadmit.cli.cost_model import describe
     from kvadmit.costmodel.costmodel import CostModel
     from kvadmit.costmodel.serving_overhead import (
         ServingOverheadError,
@@ -212,7 +209,8 @@ def _measured(ns: argparse.Namespace) -> CostModel:
 
     import torch
 
-    from kvadmit.costmodel.profile import Measurement, profile_model, with_metadata
+    from kvadmit.cli.profile_timing import profile_model
+    from kvadmit.costmodel.profile import Measurement, with_metadata
     from kvadmit.model.default import DefaultModelError
     from kvadmit.model.device import default_device, resolve_dtype
     from kvadmit.model.loading import ModelLoadError, load_hf_folder
