@@ -10,7 +10,18 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from kvadmit.cli import bench, calibrate, capacity, cost_model, doctor, generate, profile, serve, simulate, sweep
+from kvadmit.cli import (
+    bench,
+    calibrate,
+    capacity,
+    cost_model,
+    doctor,
+    generate,
+    profile,
+    serve,
+    simulate,
+    sweep,
+)
 from kvadmit.cli.flags import server_args_from
 from kvadmit.errors import UsageError
 
@@ -31,7 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
-    for command in (capacity, simulate, generate, serve, doctor, bench, calibrate, profile, cost_model, sweep):
+    # in the order `kvadmit --help` lists them
+    commands = (capacity, simulate, generate, serve, doctor, bench, calibrate, profile, cost_model, sweep)
+    for command in commands:
         command.add_parser(sub)
     return parser
 

@@ -125,5 +125,3 @@ def run(ns: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("kvadmit bench: interrupted", file=sys.stderr)
         return 130
-
-

@@ -75,5 +75,3 @@ def run(ns: argparse.Namespace) -> int:
             raise UsageError(f"cannot write {ns.html!r}: {e.strerror}") from None
     print(render_json(result) if ns.json else render_text(result))
     return 0
-
-

@@ -38,7 +38,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         p,
         path_help="an HF folder or a .gguf file (default: SmolLM2-135M-Instruct)",
         dtype_choices=("auto", "bfloat16", "float16", "float32"),
-        dtype_help="auto: bfloat16 where the CPU/GPU computes it natively, else float32 (CPU) / float16 (GPU)",
+        dtype_help="auto: bfloat16 where the CPU/GPU computes it natively, else float32 (CPU) / float16 "
+        "(GPU)",
         device_default=None,
         device_help="cuda or cpu (default: cuda when present)",
     )
@@ -121,7 +122,10 @@ def ended_at_once(out: dict[str, Any], engine: Engine, *, templated: bool) -> st
     token = out["output_ids"][0]
     shown = engine.tokenizer.convert_ids_to_tokens(token)
     what = "its end-of-sequence token" if token == engine.tokenizer.eos_token_id else "a stop token"
-    head = f"the generation ended at once: the model's first token was {token} {shown!r} ({what}), so there is no text"
+    head = (
+        f"the generation ended at once: the model's first token was {token} {shown!r} ({what}), so there "
+        "is no text"
+    )
     if templated:
         return f"{head}; the prompt went through the model's chat template: --raw sends it as it is"
     if has_chat_template(engine.tokenizer):

@@ -153,4 +153,3 @@ def _read_lengths(path: str) -> tuple[int, ...]:
         return tuple(int(w) for w in words)
     except ValueError:
         raise UsageError(f"{path!r} must hold one positive integer per line") from None
-
