@@ -100,62 +100,12 @@ def _step_rows(path: str) -> list[dict[str, object]]:
 
 
 def run(ns: argparse.Namespace) -> int:
-    from pathlib import Path
+    from kvadmit.cli.cost_model import describe, write_cost_model
 
-    from kvadmit.cli.cost_model import describe
-    from kvadmit.costmodel.costmodel import CostModel
-    from kvadmit.costmodel.serving_overhead import (
-        ServingOverheadError,
-        add_overhead,
-        measure_overhead,
-        measure_prefill_overhead,
-    )
-
-    if ns.serving_steps is not None and ns.serving_log is None:
-        raise UsageError("--serving-steps refines --serving-log's fit for prefill steps: give both")
-    serving_steps = [(path, _step_rows(path)) for path in ns.serving_steps or ()]
-    serving_logs: list[list[str]] | None = None
-    if ns.serving_log is not None:
-        serving_logs = []
-        for path in ns.serving_log:
-            try:
-                serving_logs.append(Path(path).read_text(encoding="utf-8", errors="replace").splitlines())
-            except OSError as e:
-                raise UsageError(f"--serving-log: cannot read {path!r}: {e.strerror}") from None
-        logs_named = ", ".join(ns.serving_log)
-        try:  # before the minutes of measuring: logs that cannot give the overhead are refused now
-            measure_overhead(serving_logs, CostModel())
-        except ServingOverheadError as e:
-            raise UsageError(f"--serving-log {logs_named}: {e}") from None
-        if serving_steps:
-            try:
-                measure_prefill_overhead(serving_steps, CostModel())
-            except ServingOverheadError as e:
-                raise UsageError(f"--serving-steps: {e}") from None
+    serving = _serving_inputs(ns)  # before the minutes of measuring
     cost = _averaged(ns) if ns.average is not None else _measured(ns)
-    if serving_logs is not None:
-        try:
-            overhead = measure_overhead(serving_logs, cost)
-        except ServingOverheadError as e:
-            raise UsageError(f"--serving-log {logs_named}: {e}") from None
-        # against the bare executor's prefill times, as the decode fit is against its decode times (the
-        # steps were counted and checked above, so this cannot fail)
-        prefill = measure_prefill_overhead(serving_steps, cost) if serving_steps else None
-        steps_named = ", ".join(Path(x).name for x in ns.serving_steps or ())
-        cost = add_overhead(cost, overhead, ", ".join(Path(x).name for x in ns.serving_log),
-                            None if prefill is None else (prefill, steps_named))  # fmt: skip
-        where = "to every step" if prefill is None else "to every decode step"
-        print(
-            f"serving stack: {overhead.base_ms:.2f} + {overhead.per_request_ms:.3f} × running requests ms "
-            f"per step beyond the executor ({overhead.steps} decode steps of {logs_named}, "
-            f"{overhead.batch_sizes[0]}–{overhead.batch_sizes[1]} running), added {where}"
-        )
-        if prefill is not None:
-            print(
-                f"serving stack, prefill: {prefill.ms:.2f} ms per prefill step beyond the executor (the "
-                f"median of {prefill.steps} prefill steps of {', '.join(ns.serving_steps)}), added to every "
-                "prefill step"
-            )
+    if serving is not None:
+        cost = _with_serving_overhead(ns, cost, *serving)
     fit = cost.meta["fit"]
     table = cost.decode.table
     print("\n".join(describe(cost, context=(max(table.context_lens) if table else 2048,))))
@@ -173,12 +123,86 @@ def run(ns: argparse.Namespace) -> int:
         )
     print(f"engine loop: {fit['loop_overhead_ms']:.2f} ms per step beyond the executor, added to every step")
     if ns.output:
-        try:
-            cost.write(ns.output)
-        except OSError as e:
-            raise UsageError(f"cannot write {ns.output!r}: {e.strerror}") from None
+        write_cost_model(cost, ns.output)
         print(f"wrote {ns.output}")
     return 0
+
+
+StepRows = list[tuple[str, list[dict[str, object]]]]
+
+
+def _serving_inputs(ns: argparse.Namespace) -> tuple[list[list[str]], StepRows] | None:
+    """--serving-log's lines and --serving-steps' rows, or None without --serving-log; logs and steps
+    that cannot give the overhead are refused now, before the minutes of measuring."""
+    from pathlib import Path
+
+    from kvadmit.costmodel.costmodel import CostModel
+    from kvadmit.costmodel.serving_overhead import (
+        ServingOverheadError,
+        measure_overhead,
+        measure_prefill_overhead,
+    )
+
+    if ns.serving_steps is not None and ns.serving_log is None:
+        raise UsageError("--serving-steps refines --serving-log's fit for prefill steps: give both")
+    serving_steps = [(path, _step_rows(path)) for path in ns.serving_steps or ()]
+    if ns.serving_log is None:
+        return None
+    serving_logs = []
+    for path in ns.serving_log:
+        try:
+            serving_logs.append(Path(path).read_text(encoding="utf-8", errors="replace").splitlines())
+        except OSError as e:
+            raise UsageError(f"--serving-log: cannot read {path!r}: {e.strerror}") from None
+    try:
+        measure_overhead(serving_logs, CostModel())
+    except ServingOverheadError as e:
+        raise UsageError(f"--serving-log {', '.join(ns.serving_log)}: {e}") from None
+    if serving_steps:
+        try:
+            measure_prefill_overhead(serving_steps, CostModel())
+        except ServingOverheadError as e:
+            raise UsageError(f"--serving-steps: {e}") from None
+    return serving_logs, serving_steps
+
+
+def _with_serving_overhead(
+    ns: argparse.Namespace, cost: CostModel, serving_logs: list[list[str]], serving_steps: StepRows
+) -> CostModel:
+    """The serving stack's overhead, fitted against `cost`, added to it (and said)."""
+    from pathlib import Path
+
+    from kvadmit.costmodel.serving_overhead import (
+        ServingOverheadError,
+        add_overhead,
+        measure_overhead,
+        measure_prefill_overhead,
+    )
+
+    logs_named = ", ".join(ns.serving_log)
+    try:
+        overhead = measure_overhead(serving_logs, cost)
+    except ServingOverheadError as e:
+        raise UsageError(f"--serving-log {logs_named}: {e}") from None
+    # against the bare executor's prefill times, as the decode fit is against its decode times (the
+    # steps were counted and checked above, so this cannot fail)
+    prefill = measure_prefill_overhead(serving_steps, cost) if serving_steps else None
+    steps_named = ", ".join(Path(x).name for x in ns.serving_steps or ())
+    cost = add_overhead(cost, overhead, ", ".join(Path(x).name for x in ns.serving_log),
+                        None if prefill is None else (prefill, steps_named))  # fmt: skip
+    where = "to every step" if prefill is None else "to every decode step"
+    print(
+        f"serving stack: {overhead.base_ms:.2f} + {overhead.per_request_ms:.3f} × running requests ms "
+        f"per step beyond the executor ({overhead.steps} decode steps of {logs_named}, "
+        f"{overhead.batch_sizes[0]}–{overhead.batch_sizes[1]} running), added {where}"
+    )
+    if prefill is not None:
+        print(
+            f"serving stack, prefill: {prefill.ms:.2f} ms per prefill step beyond the executor (the "
+            f"median of {prefill.steps} prefill steps of {', '.join(ns.serving_steps)}), added to every "
+            "prefill step"
+        )
+    return cost
 
 
 def _averaged(ns: argparse.Namespace) -> CostModel:
