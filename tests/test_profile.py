@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from kvadmit.cli.profile_timing import LOOP_OUTPUT, _decode_batch, profile_model
 from kvadmit.costmodel.costmodel import CostModel
-from kvadmit.costmodel.profile import LOOP_OUTPUT, _decode_batch, profile_model, with_metadata
+from kvadmit.costmodel.profile import with_metadata
 from kvadmit.model.llama import CausalLM, ModelConfig
 
 TINY = ModelConfig(vocab_size=97, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4,

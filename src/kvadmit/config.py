@@ -16,6 +16,9 @@ SCHEDULE_POLICIES = ("fcfs", "lpm", "lof", "random")
 # with (scheduler/policy.py).
 ADMISSION_POLICIES = ("sglang", "reserve-all", "optimistic")
 LastRequestOom = Literal["abort", "value_error", "assertion"]
+# The context length a simulated server assumes when --context-length is not given and there is no model to
+# read it from (kvadmit simulate, kvadmit serve --simulate).
+SIMULATED_CONTEXT_LENGTH = 32_768
 
 
 class ConfigError(ValueError):

@@ -9,12 +9,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvadmit.config import SIMULATED_CONTEXT_LENGTH
 from kvadmit.costmodel.costmodel import CostModel
 from kvadmit.executor.base import Executor, StepResult
 from kvadmit.scheduler.types import ScheduledBatch
 
 SIMULATED_POOL_DEFAULT = 200_000  # tokens, when --simulate runs without --max-total-tokens
-SIMULATED_CONTEXT_DEFAULT = 32_768
 
 
 @dataclass
@@ -84,7 +84,7 @@ def simulated_backend(
         tokenizer=tokenizer,
         executor=RealTimeSimulatedExecutor(cost, lengths, eos, text_token),
         pool_size=max_total_tokens or SIMULATED_POOL_DEFAULT,
-        context_len=context_length or SIMULATED_CONTEXT_DEFAULT,
+        context_len=context_length or SIMULATED_CONTEXT_LENGTH,
         eos_token_ids=frozenset({eos}),
         model_path=f"simulated:{cost_model}",
         tokenizer_path=tokenizer_path or "byte-level",

@@ -14,7 +14,7 @@ from typing import IO
 
 from kvadmit.bench.metrics import BenchmarkMetrics, RequestOutcome, calculate_metrics
 from kvadmit.bench.workload import SimRequest, WorkloadSpec, build_workload
-from kvadmit.config import ServerArgs
+from kvadmit.config import SIMULATED_CONTEXT_LENGTH, ServerArgs
 from kvadmit.costmodel.costmodel import CostModel
 from kvadmit.engine import Engine, StepObserver, VirtualClock
 from kvadmit.executor.base import StepResult
@@ -47,7 +47,7 @@ class SimConfig:
     request_rate: float = float("inf")
     max_concurrency: int | None = None
     warmup_requests: int = 1
-    context_len: int = 32768
+    context_len: int = SIMULATED_CONTEXT_LENGTH
     backend: str = "sglang"
     start: datetime = DEFAULT_START
     replay: Replay | None = None  # requests and send times from a trace, instead of the workload

@@ -16,6 +16,8 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 
+from kvadmit.cli.flags import add_simulate_flags
+from kvadmit.cli.simulate import simulate_config
 from kvadmit.config import ADMISSION_POLICIES, ServerArgs
 from kvadmit.errors import UsageError
 
@@ -53,9 +55,7 @@ def _list_of(read: Callable[[str], object]) -> Callable[[str], list[object]]:
     return parse
 
 
-def sweep_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    from kvadmit.cli import add_simulate_flags
-
+def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser(
         "sweep",
         conflict_handler="resolve",
@@ -81,7 +81,7 @@ def sweep_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     o.add_argument("--target-tpot-ms", type=float, default=None)
     o.add_argument("--target-statistic", choices=("p50", "p90", "p95", "p99", "mean"), default="p99")
     o.add_argument("--rate-tolerance", type=float, default=0.02, help="relative width of the final bracket")
-    p.set_defaults(func=run_sweep)
+    p.set_defaults(func=run)
 
 
 def _default(dest: str) -> object:
@@ -114,8 +114,7 @@ def _load_axis(ns: argparse.Namespace) -> str | None:
     return next((k for k in LOADS if len(getattr(ns, k) or []) > 1), None)
 
 
-def run_sweep(ns: argparse.Namespace) -> int:
-    from kvadmit.cli import simulate_config
+def run(ns: argparse.Namespace) -> int:
     from kvadmit.sim.sweep import SweepPoint, default_workers, run_points
     from kvadmit.sim.sweep_report import render_csv, render_plots, render_table
 
@@ -191,7 +190,6 @@ def _search_one(job: tuple[object, object, float]) -> object:
 
 
 def _run_search(ns: argparse.Namespace, combos: list[dict[str, object]], workers: int) -> int:
-    from kvadmit.cli import simulate_config
     from kvadmit.sim.rate_search import RateSearch, Target
     from kvadmit.sim.sweep import parallel_map
     from kvadmit.sim.sweep_report import LABELS

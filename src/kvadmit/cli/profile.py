@@ -1,5 +1,5 @@
 """`kvadmit profile`: measure the real executor's step times here and write a cost model (torch is
-imported only when the command runs)."""
+imported only when the command runs: the measuring is profile_timing.py, the fit costmodel/profile.py)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
+from kvadmit.cli.flags import add_model_flags
 from kvadmit.errors import UsageError
 
 if TYPE_CHECKING:
@@ -33,25 +34,21 @@ GRID: tuple[tuple[str, tuple[int, ...], str], ...] = (
 REPEATS = 3
 
 
-def profile_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser(
         "profile",
         help="measure the real executor's step times on this machine and write a cost model",
         description="Run the torch executor over a grid of decode batch sizes × context lengths and "
         "prefill sizes, fit the cost model's coefficients and write it for kvadmit simulate.",
     )
-    p.add_argument(
-        "--model-path", default=None, help="an HF folder or .gguf (default: SmolLM2-135M-Instruct)"
+    add_model_flags(
+        p,
+        path_help="an HF folder or .gguf (default: SmolLM2-135M-Instruct)",
+        dtype_help="as kvadmit serve resolves it (auto: bfloat16 where the CPU computes it natively, "
+        "else float32; bfloat16/float16 on CUDA), so the profile times the server's executor",
+        device_help="cpu, cuda, or auto (cuda when present), as for serve",
     )
     p.add_argument("-o", "--output", metavar="FILE", help="write the cost model (JSON) here")
-    p.add_argument(
-        "--dtype",
-        choices=("auto", "float32", "bfloat16", "float16"),
-        default="auto",
-        help="as kvadmit serve resolves it (auto: bfloat16 where the CPU computes it natively, "
-        "else float32; bfloat16/float16 on CUDA), so the profile times the server's executor",
-    )
-    p.add_argument("--device", default="auto", help="cpu, cuda, or auto (cuda when present), as for serve")
     for flag, default, what in GRID:
         shown = ",".join(map(str, default))
         p.add_argument(flag, type=_ints, default=None, help=f"{what} (default: {shown})")
@@ -73,7 +70,7 @@ def profile_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[typ
                    "prefill step there minus the executor's time for it, their median, is added to every "
                    "prefill step in place of the decode fit's a + b × requests (a log line has no prefill "
                    "step time)")  # fmt: skip
-    p.set_defaults(func=run_profile)
+    p.set_defaults(func=run)
 
 
 def _step_rows(path: str) -> list[dict[str, object]]:
@@ -102,63 +99,13 @@ def _step_rows(path: str) -> list[dict[str, object]]:
     return rows
 
 
-def run_profile(ns: argparse.Namespace) -> int:
-    from pathlib import Path
+def run(ns: argparse.Namespace) -> int:
+    from kvadmit.cli.cost_model import describe, write_cost_model
 
-    from kvadmit.commands.costs import describe
-    from kvadmit.costmodel.costmodel import CostModel
-    from kvadmit.costmodel.serving_overhead import (
-        ServingOverheadError,
-        add_overhead,
-        measure_overhead,
-        measure_prefill_overhead,
-    )
-
-    if ns.serving_steps is not None and ns.serving_log is None:
-        raise UsageError("--serving-steps refines --serving-log's fit for prefill steps: give both")
-    serving_steps = [(path, _step_rows(path)) for path in ns.serving_steps or ()]
-    serving_logs: list[list[str]] | None = None
-    if ns.serving_log is not None:
-        serving_logs = []
-        for path in ns.serving_log:
-            try:
-                serving_logs.append(Path(path).read_text(encoding="utf-8", errors="replace").splitlines())
-            except OSError as e:
-                raise UsageError(f"--serving-log: cannot read {path!r}: {e.strerror}") from None
-        logs_named = ", ".join(ns.serving_log)
-        try:  # before the minutes of measuring: logs that cannot give the overhead are refused now
-            measure_overhead(serving_logs, CostModel())
-        except ServingOverheadError as e:
-            raise UsageError(f"--serving-log {logs_named}: {e}") from None
-        if serving_steps:
-            try:
-                measure_prefill_overhead(serving_steps, CostModel())
-            except ServingOverheadError as e:
-                raise UsageError(f"--serving-steps: {e}") from None
+    serving = _serving_inputs(ns)  # before the minutes of measuring
     cost = _averaged(ns) if ns.average is not None else _measured(ns)
-    if serving_logs is not None:
-        try:
-            overhead = measure_overhead(serving_logs, cost)
-        except ServingOverheadError as e:
-            raise UsageError(f"--serving-log {logs_named}: {e}") from None
-        # against the bare executor's prefill times, as the decode fit is against its decode times (the
-        # steps were counted and checked above, so this cannot fail)
-        prefill = measure_prefill_overhead(serving_steps, cost) if serving_steps else None
-        steps_named = ", ".join(Path(x).name for x in ns.serving_steps or ())
-        cost = add_overhead(cost, overhead, ", ".join(Path(x).name for x in ns.serving_log),
-                            None if prefill is None else (prefill, steps_named))  # fmt: skip
-        where = "to every step" if prefill is None else "to every decode step"
-        print(
-            f"serving stack: {overhead.base_ms:.2f} + {overhead.per_request_ms:.3f} × running requests ms "
-            f"per step beyond the executor ({overhead.steps} decode steps of {logs_named}, "
-            f"{overhead.batch_sizes[0]}–{overhead.batch_sizes[1]} running), added {where}"
-        )
-        if prefill is not None:
-            print(
-                f"serving stack, prefill: {prefill.ms:.2f} ms per prefill step beyond the executor (the "
-                f"median of {prefill.steps} prefill steps of {', '.join(ns.serving_steps)}), added to every "
-                "prefill step"
-            )
+    if serving is not None:
+        cost = _with_serving_overhead(ns, cost, *serving)
     fit = cost.meta["fit"]
     table = cost.decode.table
     print("\n".join(describe(cost, context=(max(table.context_lens) if table else 2048,))))
@@ -176,12 +123,86 @@ def run_profile(ns: argparse.Namespace) -> int:
         )
     print(f"engine loop: {fit['loop_overhead_ms']:.2f} ms per step beyond the executor, added to every step")
     if ns.output:
-        try:
-            cost.write(ns.output)
-        except OSError as e:
-            raise UsageError(f"cannot write {ns.output!r}: {e.strerror}") from None
+        write_cost_model(cost, ns.output)
         print(f"wrote {ns.output}")
     return 0
+
+
+StepRows = list[tuple[str, list[dict[str, object]]]]
+
+
+def _serving_inputs(ns: argparse.Namespace) -> tuple[list[list[str]], StepRows] | None:
+    """--serving-log's lines and --serving-steps' rows, or None without --serving-log; logs and steps
+    that cannot give the overhead are refused now, before the minutes of measuring."""
+    from pathlib import Path
+
+    from kvadmit.costmodel.costmodel import CostModel
+    from kvadmit.costmodel.serving_overhead import (
+        ServingOverheadError,
+        measure_overhead,
+        measure_prefill_overhead,
+    )
+
+    if ns.serving_steps is not None and ns.serving_log is None:
+        raise UsageError("--serving-steps refines --serving-log's fit for prefill steps: give both")
+    serving_steps = [(path, _step_rows(path)) for path in ns.serving_steps or ()]
+    if ns.serving_log is None:
+        return None
+    serving_logs = []
+    for path in ns.serving_log:
+        try:
+            serving_logs.append(Path(path).read_text(encoding="utf-8", errors="replace").splitlines())
+        except OSError as e:
+            raise UsageError(f"--serving-log: cannot read {path!r}: {e.strerror}") from None
+    try:
+        measure_overhead(serving_logs, CostModel())
+    except ServingOverheadError as e:
+        raise UsageError(f"--serving-log {', '.join(ns.serving_log)}: {e}") from None
+    if serving_steps:
+        try:
+            measure_prefill_overhead(serving_steps, CostModel())
+        except ServingOverheadError as e:
+            raise UsageError(f"--serving-steps: {e}") from None
+    return serving_logs, serving_steps
+
+
+def _with_serving_overhead(
+    ns: argparse.Namespace, cost: CostModel, serving_logs: list[list[str]], serving_steps: StepRows
+) -> CostModel:
+    """The serving stack's overhead, fitted against `cost`, added to it (and said)."""
+    from pathlib import Path
+
+    from kvadmit.costmodel.serving_overhead import (
+        ServingOverheadError,
+        add_overhead,
+        measure_overhead,
+        measure_prefill_overhead,
+    )
+
+    logs_named = ", ".join(ns.serving_log)
+    try:
+        overhead = measure_overhead(serving_logs, cost)
+    except ServingOverheadError as e:
+        raise UsageError(f"--serving-log {logs_named}: {e}") from None
+    # against the bare executor's prefill times, as the decode fit is against its decode times (the
+    # steps were counted and checked above, so this cannot fail)
+    prefill = measure_prefill_overhead(serving_steps, cost) if serving_steps else None
+    steps_named = ", ".join(Path(x).name for x in ns.serving_steps or ())
+    cost = add_overhead(cost, overhead, ", ".join(Path(x).name for x in ns.serving_log),
+                        None if prefill is None else (prefill, steps_named))  # fmt: skip
+    where = "to every step" if prefill is None else "to every decode step"
+    print(
+        f"serving stack: {overhead.base_ms:.2f} + {overhead.per_request_ms:.3f} × running requests ms "
+        f"per step beyond the executor ({overhead.steps} decode steps of {logs_named}, "
+        f"{overhead.batch_sizes[0]}–{overhead.batch_sizes[1]} running), added {where}"
+    )
+    if prefill is not None:
+        print(
+            f"serving stack, prefill: {prefill.ms:.2f} ms per prefill step beyond the executor (the "
+            f"median of {prefill.steps} prefill steps of {', '.join(ns.serving_steps)}), added to every "
+            "prefill step"
+        )
+    return cost
 
 
 def _averaged(ns: argparse.Namespace) -> CostModel:
@@ -212,7 +233,8 @@ def _measured(ns: argparse.Namespace) -> CostModel:
 
     import torch
 
-    from kvadmit.costmodel.profile import Measurement, profile_model, with_metadata
+    from kvadmit.cli.profile_timing import profile_model
+    from kvadmit.costmodel.profile import Measurement, with_metadata
     from kvadmit.model.default import DefaultModelError
     from kvadmit.model.device import default_device, resolve_dtype
     from kvadmit.model.loading import ModelLoadError, load_hf_folder

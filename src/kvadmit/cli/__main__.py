@@ -1,0 +1,3 @@
+from kvadmit.cli import main
+
+raise SystemExit(main())

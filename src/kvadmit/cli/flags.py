@@ -1,0 +1,187 @@
+"""The flag groups more than one command takes, each defined once: the server group (SGLang's server
+arguments, generated from the ServerArgs dataclass), the admission policy, the model group, and the
+workload and cost-model groups of `simulate` (and `sweep`)."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from dataclasses import MISSING, Field, fields
+
+from kvadmit.config import ADMISSION_POLICIES, SCHEDULE_POLICIES, ConfigError, SchedulerKnobs, ServerArgs
+from kvadmit.errors import UsageError
+
+# ServerArgs fields that are not flags of the server group: the knobs come from SGLANG_* variables, the
+# admission policy has a flag of its own (add_policy_flag) that only some commands take.
+NOT_SERVER_FLAGS = ("knobs", "admission_policy")
+# The help of the server group's flags, by ServerArgs field (a field missing here has no help text).
+SERVER_FLAG_HELP: dict[str, str] = {
+    "max_total_tokens": "KV pool size in tokens",
+    "chunked_prefill_size": "-1 disables chunked prefill (default: by device memory; 4096 when unknown)",
+    "sglang_version": "reproduce this SGLang release's rules (0.5.22 default; earlier: classic rules)",
+}
+SERVER_FLAG_CHOICES: dict[str, tuple[str, ...]] = {"schedule_policy": SCHEDULE_POLICIES}
+# How a flag reads its value, by the field's annotation (a string: config.py postpones annotations).
+_VALUE_TYPES: dict[str, Callable[[str], object] | None] = {
+    "int": int,
+    "int | None": int,
+    "float": float,
+    "str": None,  # argparse keeps the text as it is
+}
+
+
+def flag_name(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+def server_fields() -> list[Field[object]]:
+    """The ServerArgs fields that are flags of the server group, in the dataclass's order."""
+    return [f for f in fields(ServerArgs) if f.name not in NOT_SERVER_FLAGS]
+
+
+def add_scheduler_flags(p: argparse.ArgumentParser, *, pool_required: bool = False) -> None:
+    """The scheduler's server arguments, with SGLang's flag names and the ServerArgs defaults."""
+    g = p.add_argument_group("scheduler (SGLang server arguments)")
+    for f in server_fields():
+        assert f.default is not MISSING, f"ServerArgs.{f.name} needs a default to be a flag"
+        extra: dict[str, object] = {}
+        if f.name in SERVER_FLAG_HELP:
+            extra["help"] = SERVER_FLAG_HELP[f.name]
+        if f.type == "bool":
+            assert f.default is False, f"a flag turns ServerArgs.{f.name} on; its default must be False"
+            g.add_argument(flag_name(f.name), action="store_true", **extra)  # type: ignore[arg-type]
+            continue
+        if f.name == "max_total_tokens":
+            extra["required"] = pool_required
+        if f.name in SERVER_FLAG_CHOICES:
+            extra["choices"] = SERVER_FLAG_CHOICES[f.name]
+        else:
+            value_type = _VALUE_TYPES[str(f.type)]
+            if value_type is not None:
+                extra["type"] = value_type
+        g.add_argument(flag_name(f.name), default=f.default, **extra)  # type: ignore[arg-type]
+
+
+def server_args_from(ns: argparse.Namespace) -> ServerArgs:
+    """ServerArgs from the server group's flags (and --admission-policy where the command has it)."""
+    values = {f.name: getattr(ns, f.name) for f in server_fields()}
+    try:
+        args = ServerArgs(
+            **values,  # type: ignore[arg-type]
+            knobs=SchedulerKnobs.from_environ(),
+            admission_policy=getattr(ns, "admission_policy", ServerArgs().admission_policy),
+        )
+        args.check_startup()
+    except ConfigError as e:
+        raise UsageError(str(e)) from None
+    return args
+
+
+def add_policy_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--admission-policy",
+        choices=ADMISSION_POLICIES,
+        default=ServerArgs().admission_policy,
+        help="sglang: SGLang's forecast (default); reserve-all: every request reserves its full "
+        "max_new_tokens; optimistic: no output reservation, preempt the newest when the pool fills "
+        "(as vLLM V1 does)",
+    )
+
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def add_model_flags(
+    p: argparse.ArgumentParser | argparse._ArgumentGroup,
+    *,
+    path_help: str,
+    dtype_help: str,
+    device_help: str,
+    dtype_choices: tuple[str, ...] = DTYPES,
+    device_default: str | None = "auto",
+) -> None:
+    """--model-path, --dtype and --device: the model the command loads, as kvadmit serve loads it. Each
+    command keeps its own wording of the help (and `generate` its own order of the dtypes and None for
+    "the default device"), so that no command's --help changes."""
+    p.add_argument("--model-path", default=None, help=path_help)
+    p.add_argument("--dtype", default="auto", choices=dtype_choices, help=dtype_help)
+    p.add_argument("--device", default=device_default, help=device_help)
+
+
+def add_workload_flags(p: argparse.ArgumentParser) -> None:
+    """bench_serving's workload flags, as `simulate` draws (or replays) its requests."""
+    from kvadmit.bench.workload import WorkloadSpec
+
+    d = WorkloadSpec()
+    w = p.add_argument_group("workload (bench_serving's flags)")
+    w.add_argument("--backend", default="sglang", help="the name printed in the summary")
+    w.add_argument("--num-prompts", type=int, default=d.num_prompts)
+    w.add_argument("--random-input-len", type=int, default=d.input_len)
+    w.add_argument("--random-output-len", type=int, default=d.output_len)
+    w.add_argument("--random-range-ratio", type=float, default=d.range_ratio)
+    w.add_argument("--request-rate", type=float, default=float("inf"))
+    w.add_argument("--max-concurrency", type=int, default=None)
+    w.add_argument("--disable-ignore-eos", action="store_true")
+    w.add_argument("--seed", type=int, default=d.seed)
+    w.add_argument("--warmup-requests", type=int, default=1)
+    w.add_argument(
+        "--request-latency-ms",
+        type=float,
+        default=0.0,
+        help="from the client sending a request to the scheduler seeing it (HTTP, parsing, the engine's "
+        "queue); above 0, a request sent as a step ends waits for the step after it, as on a real server",
+    )
+    w.add_argument("--vocab-size", type=int, default=d.vocab_size, help="for random-ids prompts")
+    w.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=d.max_new_tokens,
+        help="clients ask for this many tokens (they still stop at their drawn length)",
+    )
+    w.add_argument(
+        "--stop-distribution",
+        choices=("uniform", "full"),
+        default=d.stop,
+        help="without ignore_eos: stop uniformly in [1, max_new_tokens], or at the drawn length",
+    )
+    w.add_argument(
+        "--output-lens-file",
+        metavar="FILE",
+        help="true output lengths, one integer per line (cycled), instead of a distribution",
+    )
+    w.add_argument(
+        "--replay",
+        metavar="TRACE.jsonl",
+        help="send the requests of a trace (arrival, prompt_len, max_new_tokens, output_len, ignore_eos "
+        "per line, as --trace-requests writes; or the file kvadmit bench --output-file F --output-details "
+        "writes) instead of drawing a workload",
+    )
+    w.add_argument(
+        "--replay-arrival",
+        choices=("time", "step"),
+        default="time",
+        help="time: send each request at its arrival time; step: hand it to the scheduler right after "
+        "the step it followed on the server (a trace from kvadmit serve --trace-requests), so every "
+        "decision can be compared with the server's step for step (no warm-up, no client limit)",
+    )
+
+
+def add_cost_model_flags(p: argparse.ArgumentParser) -> None:
+    """What a simulated step costs: a simple model's two numbers, or a cost model file or preset."""
+    c = p.add_argument_group("cost model")
+    c.add_argument("--decode-step-ms", type=float, default=20.0)
+    c.add_argument("--prefill-throughput", type=float, default=10_000.0, help="prefill tokens/s")
+    c.add_argument(
+        "--cost-model",
+        metavar="SPEC",
+        help="a JSON cost model (kvadmit calibrate / profile / cost-model write one), or a roofline "
+        "preset GPU:MODEL[:tp=N], e.g. h100:llama-3-8b (see kvadmit cost-model --list)",
+    )
+
+
+def add_simulate_flags(p: argparse.ArgumentParser) -> None:
+    """Server, workload and cost-model flags of `simulate` (also read by `sweep`)."""
+    add_scheduler_flags(p)
+    add_policy_flag(p)
+    add_workload_flags(p)
+    add_cost_model_flags(p)

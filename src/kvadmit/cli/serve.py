@@ -1,0 +1,63 @@
+"""`kvadmit serve`: an OpenAI-compatible server with SGLang's scheduler, log lines and metrics."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from kvadmit.cli.flags import add_model_flags, add_policy_flag, add_scheduler_flags, server_args_from
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "serve",
+        help="an OpenAI-compatible LLM server with SGLang's scheduler, log lines and metrics",
+        description="Serve a model (default: SmolLM2-135M-Instruct) over HTTP with SGLang's endpoints, "
+        "or, with --simulate COST_MODEL, a predicted GPU that admits, queues and retracts like one.",
+    )
+    add_scheduler_flags(p)
+    add_policy_flag(p)
+    add_serve_flags(p)
+    p.set_defaults(func=run)
+
+
+def add_serve_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("server (SGLang's flags)")
+    add_model_flags(
+        g,
+        path_help="HF folder or .gguf file (default: SmolLM2-135M-Instruct)",
+        dtype_help="auto: bfloat16 where computed natively, else float32 (CPU) / float16",
+        device_help="cpu, cuda, or auto (cuda when present)",
+    )
+    g.add_argument("--tokenizer-path", default=None)
+    g.add_argument("--host", default="127.0.0.1")
+    g.add_argument("--port", type=int, default=30000)
+    g.add_argument("--mem-fraction-static", type=float, default=None)
+    g.add_argument("--served-model-name", default=None)
+    g.add_argument("--api-key", default=None)
+    g.add_argument("--enable-metrics", action="store_true", help="serve Prometheus metrics at /metrics")
+    g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    g.add_argument("--log-file", default=None, help="also write the server log to this file")
+    g.add_argument("--watchdog-timeout", type=float, default=300.0,
+                   help="/health: 503 after this long without a step while work is pending")  # fmt: skip
+    g.add_argument("--health-check-timeout", type=float,
+                   default=float(os.environ.get("SGLANG_HEALTH_CHECK_TIMEOUT", 20)))  # fmt: skip
+    g.add_argument("--graceful-shutdown-timeout", type=float, default=10.0,
+                   help="seconds in-flight requests get after SIGTERM before they are aborted")  # fmt: skip
+    g.add_argument("--trace-requests", metavar="FILE", default=None,
+                   help="write one JSON line per request as it ends: when the engine received it (time and "
+                   "step), its lengths and prompt ids; `kvadmit simulate --replay FILE` runs it again, "
+                   "with --replay-arrival step step for step")  # fmt: skip
+    g.add_argument("--trace-steps", metavar="FILE", default=None,
+                   help="write one JSON line per step: its batch, its measured time (and the executor's "
+                   "part of it), the state after it: the fields `kvadmit simulate --trace-steps` "
+                   "writes")  # fmt: skip
+    g.add_argument("--simulate", metavar="COST_MODEL", default=None,
+                   help="serve a predicted GPU: the simulated executor in real time with this cost model "
+                   "(a JSON file or a preset such as h100:llama-3-8b), no weights needed")  # fmt: skip
+
+
+def run(ns: argparse.Namespace) -> int:
+    from kvadmit.server.main import serve
+
+    return serve(ns, server_args_from(ns))
