@@ -18,10 +18,11 @@ ROOT = Path(kvadmit.__file__).parent
 ALLOWED: dict[str, str | None] = {
     "cli": None,  # the command line may import anything
     "__main__": "cli",
-    "kvadmit": "api",
-    "api": "config executor model observe request sampling_params scheduler",
-    "server": "kvadmit config costmodel engine errors executor model observe request sampling_params "
-    "scheduler",
+    "kvadmit": "offline",
+    "offline": "config engine executor model observe request sampling_params scheduler stop_strings",
+    "stop_strings": "model",  # the incremental detokenizer it watches
+    "server": "kvadmit config costmodel engine errors executor memory model observe request sampling_params "
+    "scheduler stop_strings",
     "doctor": "capacity config observe scheduler",  # never the server
     "sim": "bench config costmodel engine executor observe request scheduler",
     "bench": "errors model",  # it talks HTTP: never the server or the simulator (model: the byte tokenizer)
