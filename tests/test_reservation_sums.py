@@ -25,7 +25,7 @@ def rule_reservation(reqs: list[Req], ratio: float, in_full: bool) -> float:
     """The running requests' reservation, from its rule, summed in batch order from int 0 (as SGLang)."""
     total: float = 0
     for req in reqs:
-        left = min(req.sampling.max_new_tokens - len(req.output_ids), CLIP)
+        left = min(req.max_new_tokens - len(req.output_ids), CLIP)
         total += left * (1.0 if in_full and req.sampling.ignore_eos else ratio)
     return total
 
@@ -65,7 +65,7 @@ def run_workload(rng: random.Random, seen: dict[str, int]) -> None:
             ignore_eos = rng.random() < 0.4
             eos_at[rid] = rng.randint(1, max_new) if rng.random() < 0.5 else None
             req = Req(rid, [rng.randint(1, 99) for _ in range(rng.randint(1, 96))],
-                      SamplingLimits(max_new_tokens=max_new, ignore_eos=ignore_eos))  # fmt: skip
+                      SamplingLimits(requested_max_new_tokens=max_new, ignore_eos=ignore_eos))  # fmt: skip
             seen["above_clip"] += max_new > CLIP
             if sched.add_request(req):
                 live.append(rid)
