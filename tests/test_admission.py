@@ -1,4 +1,4 @@
-"""Admission, rule by rule (reference §1), on snapshots built into real scheduler state.
+"""Admission, rule by rule (docs/sglang-rules.md §1), on snapshots built into real scheduler state.
 
 Every expected number is worked out from the rules in the comment beside it.
 """

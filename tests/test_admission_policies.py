@@ -1,7 +1,7 @@
 """--admission-policy: SGLang's forecast, reserve-everything and optimistic (vLLM V1) on one scheduler.
 
-Numbers come from the rules (scheduler/policy.py, reference §1.4, §1.6, §3): a request of p prompt tokens
-and m max_new_tokens is charged p + 1 + m under sglang and reserve-all, p + 1 under optimistic, and is
+Numbers come from the rules (scheduler/policy.py, docs/sglang-rules.md §1.4, §1.6, §3): a request of p prompt
+tokens and m max_new_tokens is charged p + 1 + m under sglang and reserve-all, p + 1 under optimistic, and is
 admitted while its own need is strictly below what is left of the pool.
 """
 

@@ -1,5 +1,5 @@
 """The prompts `kvadmit bench` builds and the bodies it sends, checked against bench_serving's rules
-(reference §7): lengths from numpy's legacy generator, ignore_eos where each backend expects it."""
+(docs/sglang-rules.md §7): lengths from numpy's legacy generator, ignore_eos where each backend expects it."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""bench_serving's timing rules and metric definitions (reference §7) on hand-made timestamps; every
-expected value is worked out by hand from the definitions in the comments."""
+"""bench_serving's timing rules and metric definitions (docs/sglang-rules.md §7) on hand-made timestamps;
+every expected value is worked out by hand from the definitions in the comments."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Server arguments, SGLANG_* knobs and version profiles (reference §1.9, §2, §6)."""
+"""Server arguments, SGLANG_* knobs and version profiles (docs/sglang-rules.md §1.9, §2, §6)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Dependencies point down (DESIGN.md): the scheduler, capacity, simulator, doctor, bench client and CLI
-never import torch, and every import between kvadmit's packages follows an arrow of ALLOWED, with no
+"""Dependencies point down (docs/architecture.md): the scheduler, capacity, simulator, doctor, bench client
+and CLI never import torch, and every import between kvadmit's packages follows an arrow of ALLOWED, with no
 cycle among them."""
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""SGLang's log lines: rendered exactly, and parsed back by the same definitions (reference §3.3, §4)."""
+"""SGLang's log lines: rendered exactly, and parsed back by the same definitions (docs/sglang-rules.md §3.3,
+§4)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Token pool (page aware) and the radix prefix cache (reference §1.7, §3.1)."""
+"""Token pool (page aware) and the radix prefix cache (docs/sglang-rules.md §1.7, §3.1)."""
 
 from __future__ import annotations
 

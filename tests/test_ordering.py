@@ -1,4 +1,4 @@
-"""Waiting-queue order (`--schedule-policy`, reference §1.2)."""
+"""Waiting-queue order (`--schedule-policy`, docs/sglang-rules.md §1.2)."""
 
 from __future__ import annotations
 

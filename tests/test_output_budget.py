@@ -1,5 +1,5 @@
-"""The output budget: what a request is granted on arrival (reference §1.9), computed in one place, and the
-client's ask left as it was sent. Expected numbers are worked out by hand from the rule:
+"""The output budget: what a request is granted on arrival (docs/sglang-rules.md §1.9), computed in one
+place, and the client's ask left as it was sent. Expected numbers are worked out by hand from the rule:
 granted = max(0, min(ask or 2^30, SGLANG_MAX_NEW_TOKENS_LIMIT, max_req_len − input − 1,
 pool − ceil_page(input) − page − 1)), max_req_len = min(context − 1, pool − 1)."""
 

@@ -1,4 +1,4 @@
-"""The new-token ratio (reference §2): init, floor, decay, reset, post-retraction estimate."""
+"""The new-token ratio (docs/sglang-rules.md §2): init, floor, decay, reset, post-retraction estimate."""
 
 from __future__ import annotations
 

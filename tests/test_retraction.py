@@ -1,4 +1,4 @@
-"""Retraction before a decode step (reference §3), on snapshots and in a running scheduler."""
+"""Retraction before a decode step (docs/sglang-rules.md §3), on snapshots and in a running scheduler."""
 
 from __future__ import annotations
 

@@ -4,7 +4,8 @@ The executor is a pure function: the k-th output token of a request depends only
 (EOS at a drawn position, an ordinary token otherwise). So a run of a workload is reproducible, and the
 exact output of a request that was not aborted is known in advance however often it was retracted.
 
-After every scheduler call the driver checks DESIGN.md's invariants (pool accounting, the request cap,
+After every scheduler call the driver checks docs/architecture.md's invariants (pool accounting, the request
+cap,
 a slot for every request of a decode step, the new-token ratio in [0, 1]); at the end it checks that every
 request ended exactly once with the output its limits allow, and that a flushed cache leaves the pool
 whole. Hand-picked runs then make sure retraction and the last-request abort really happen.

@@ -1,4 +1,5 @@
-"""Random snapshots (DESIGN.md "Snapshot format") for the differential check: mixed pool sizes (64 to
+"""Random snapshots (docs/architecture.md, "The snapshot format") for the differential check: mixed pool
+sizes (64 to
 20,000 tokens), page sizes 1/4/16, radix cache on and off, chunking on and off, request caps, SGLANG_*
 env knobs, retracted waiting requests, and decode snapshots packed close to a full pool.
 

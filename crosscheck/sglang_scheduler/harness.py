@@ -1,15 +1,15 @@
-"""Differential harness: run SGLang 0.5.22's own scheduler code on kvadmit snapshots (DESIGN.md
+"""Differential harness: run SGLang 0.5.22's own scheduler code on kvadmit snapshots (docs/architecture.md
 "Snapshot format") and print SGLang's answers, one JSON line per snapshot, with kvadmit's field names.
 
 Usage (with the SGLang venv that setup.sh makes; SGLang is imported, never copied):
     $VENV/bin/python harness.py SNAPSHOTS.jsonl > sglang_answers.jsonl
-    $VENV/bin/python harness.py --self-check     # answers DESIGN.md's example snapshot
+    $VENV/bin/python harness.py --self-check     # answers docs/architecture.md's example snapshot
     DIFF_PROBE=1 ... adds a "probe" list per admission answer (both sides of every fit test; stats.py
     counts the exact-boundary hits)
 
 A snapshot that cannot be built or answered gives {"error": ..., "trace": ...} on its line.
 
-Construction (what DESIGN.md's snapshot means, built from SGLang's real classes):
+Construction (what docs/architecture.md's snapshot means, built from SGLang's real classes):
 * allocator: SGLang's TokenToKVPoolAllocator (token-granular free list, so the free count is exactly
   max_total_tokens - holdings - evictable) with its page_size attribute set to the snapshot's page
   size, so PrefillBudget / check_decode_mem / eviction use SGLang's page arithmetic;
@@ -422,7 +422,7 @@ def answer(snap):
         _schedule_policy.CLIP_MAX_NEW_TOKENS = _DEFAULT_CLIP
 
 
-# DESIGN.md's example snapshot: setup.sh runs it to tell whether a venv works.
+# docs/architecture.md's example snapshot: setup.sh runs it to tell whether a venv works.
 SELF_CHECK = {
     "server": {
         "max_total_tokens": 4096,

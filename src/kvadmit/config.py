@@ -27,7 +27,7 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class VersionProfile:
-    """The documented behaviour differences between SGLang releases (reference §1.4, §3.2, §4)."""
+    """The documented behaviour differences between SGLang releases (docs/sglang-rules.md §1.4, §3.2, §4)."""
 
     name: str
     # 0.5.22: a running ignore_eos request reserves its remaining tokens × 1.0, others × new_token_ratio.
@@ -97,7 +97,8 @@ def version_profile(version: str) -> VersionProfile:
 
 @dataclass(frozen=True, slots=True)
 class SchedulerKnobs:
-    """The SGLANG_* environment knobs that shape admission and retraction (reference §2, srt/environ.py)."""
+    """The SGLANG_* environment knobs that shape admission and retraction (docs/sglang-rules.md §2,
+    srt/environ.py)."""
 
     clip_max_new_tokens_estimation: int = 4096  # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION
     init_new_token_ratio: float = 0.7  # SGLANG_INIT_NEW_TOKEN_RATIO
@@ -176,7 +177,7 @@ def resolve_chunked_prefill_size(value: int | None, gpu_memory_gb: float | None 
 def resolve_max_running_requests(
     requested: int | None, token_capacity: int, context_len: int, attn_dp_size: int = 1
 ) -> int:
-    """SGLang's `resolve_max_num_reqs` (reference §1.9).
+    """SGLang's `resolve_max_num_reqs` (docs/sglang-rules.md §1.9).
 
     Unset: int(capacity / context_len × 512) clamped to [2048, 4096], then capped at capacity // 2.
     Set:   requested // attn_dp_size, capped at capacity // 2.

@@ -1,4 +1,4 @@
-"""The engine loop: one scheduler, one executor, one clock (DESIGN.md, "One scheduler, two clocks").
+"""The engine loop: one scheduler, one executor, one clock (docs/architecture.md, "One step of the engine").
 
     step():  batch = scheduler.next_batch()      events (retraction, aborts) at the current time
              result = executor.run(batch)         the step takes result.seconds

@@ -1,4 +1,4 @@
-"""What each bench_serving backend sends, and how its answer is read back (reference §7).
+"""What each bench_serving backend sends, and how its answer is read back (docs/sglang-rules.md §7).
 
 Three wire formats: SGLang's native /generate (cumulative text and meta_info in every chunk), OpenAI
 completions and OpenAI chat completions (text deltas). The readers are pure: the caller hands each line

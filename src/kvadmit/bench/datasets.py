@@ -1,4 +1,4 @@
-"""The benchmark's prompts, drawn as bench_serving draws them (reference §7).
+"""The benchmark's prompts, drawn as bench_serving draws them (docs/sglang-rules.md §7).
 
 One numpy generator (legacy RandomState, seeded with --seed) draws lengths in bench_serving's order and
 is then handed on for the Poisson gaps; one Python generator (random.Random(seed)) shuffles and picks

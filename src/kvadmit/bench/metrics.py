@@ -1,4 +1,5 @@
-"""bench_serving's metrics, with its definitions (reference §7): computed from per-request outcomes.
+"""bench_serving's metrics, with its definitions (docs/sglang-rules.md §7): computed from per-request
+outcomes.
 
 One request's outcome carries what the client saw: when it was sent, the time to its first non-empty
 chunk, the gaps between later tokens, its end-to-end latency and the server's completion token count.

@@ -1,4 +1,4 @@
-"""The summary block bench_serving 0.5.22 prints (reference §7.1), used by `bench` and `simulate`.
+"""The summary block bench_serving 0.5.22 prints (docs/sglang-rules.md §7.1), used by `bench` and `simulate`.
 
 Labels are left-justified to 40 characters, then a space, then the value left-justified to 10 (floats with
 two decimals), so rows carry trailing spaces; section titles are centred in 50 '-' characters.

@@ -1,4 +1,4 @@
-"""Workloads as bench_serving draws them (reference §7), plus where each request really stops.
+"""Workloads as bench_serving draws them (docs/sglang-rules.md §7), plus where each request really stops.
 
 Lengths come from numpy's legacy generator seeded with --seed, in bench_serving's order: input lengths,
 output lengths, then random-ids token offsets, then (with a finite --request-rate) Poisson gaps. Where a

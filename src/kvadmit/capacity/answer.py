@@ -1,5 +1,5 @@
 """Answers for a snapshot: which waiting requests are admitted and why the rest wait, or, for a decode
-check, which running requests are retracted. Field names are DESIGN.md's, so answers compare
+check, which running requests are retracted. Field names are docs/architecture.md's, so answers compare
 mechanically with SGLang's own decisions."""
 
 from __future__ import annotations

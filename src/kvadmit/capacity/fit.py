@@ -94,7 +94,7 @@ def _ordinal(n: int) -> str:
 
 def _granted(q: FitQuestion) -> tuple[FitQuestion, list[str]]:
     """The question with max_new_tokens as the server grants it on arrival, so that a request fits an
-    empty pool (reference §1.9), and a note when that is less than asked."""
+    empty pool (docs/sglang-rules.md §1.9), and a note when that is less than asked."""
     pool = q.args.max_total_tokens or 0
     context = q.args.context_length or pool
     granted = grant_max_new_tokens(

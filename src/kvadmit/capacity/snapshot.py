@@ -1,5 +1,5 @@
-"""The snapshot format of DESIGN.md: one scheduling moment as JSON, parsed, validated and turned into a
-real Scheduler whose pool, prefix cache, running batch and queue are in exactly that state."""
+"""The snapshot format of docs/architecture.md: one scheduling moment as JSON, parsed, validated and turned
+into a real Scheduler whose pool, prefix cache, running batch and queue are in exactly that state."""
 
 from __future__ import annotations
 

@@ -27,7 +27,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         help="requests may stop early: running ones reserve remaining × the new-token ratio",
     )
     p.add_argument("--ratio", type=float, help="assume this new-token ratio")
-    p.add_argument("--scenario", metavar="FILE", help="a snapshot (JSON) or many (JSONL), see DESIGN.md")
+    p.add_argument(
+        "--scenario", metavar="FILE", help="a snapshot (JSON) or many (JSONL), see docs/architecture.md"
+    )
     p.add_argument("--json", action="store_true", help="answer in JSON")
     p.set_defaults(func=run)
 

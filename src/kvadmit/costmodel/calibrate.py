@@ -1,6 +1,6 @@
 """A cost model calibrated from an SGLang server log (`kvadmit calibrate LOG… -o cost.json`).
 
-What the log says (reference §4):
+What the log says (docs/sglang-rules.md §4):
 * A `Decode batch` line is printed every --decode-log-interval (n = 40) decode steps; its `gen throughput`
   is the tokens generated since the previous decode line over the seconds since then. Between the two
   lines ran n decode steps of about `#running-req` requests each, and every prefill batch whose line

@@ -1,4 +1,5 @@
-"""Radix prefix cache over token ids, holding pool slots (SGLang's RadixCache semantics, reference §1.7).
+"""Radix prefix cache over token ids, holding pool slots (SGLang's RadixCache semantics, docs/sglang-rules.md
+§1.7).
 
 Contract, in short:
 * A node's `value` lists the pool slots of its `key` tokens. The cache owns those slots: they are freed

@@ -1,5 +1,5 @@
 """SGLang's server log lines, each format defined once: the engine renders with it, the doctor parses
-with it (reference §3.3, §4). A template names its fields in braces, with an optional format spec:
+with it (docs/sglang-rules.md §3.3, §4). A template names its fields in braces, with an optional format spec:
 
     "token usage: {token_usage:.2f}"
 

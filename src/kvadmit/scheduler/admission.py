@@ -1,4 +1,5 @@
-"""Admission: which waiting requests join the next prefill batch (SGLang's PrefillAdder, reference §1).
+"""Admission: which waiting requests join the next prefill batch (SGLang's PrefillAdder, docs/sglang-rules.md
+§1).
 
 One `AdmissionPass` is built per scheduling pass. It starts from the pool's free + evictable tokens,
 holds back every running request's forecast (remaining max_new_tokens, clipped, × the new-token ratio),
@@ -283,7 +284,7 @@ class AdmissionPass:
         return True
 
     def _add_one_req_ignore_eos(self, req: Req) -> AddResult:
-        """The path for ignore_eos requests when the prefix cache is disabled (reference §1.6)."""
+        """The path for ignore_eos requests when the prefix cache is disabled (docs/sglang-rules.md §1.6)."""
         paged_input = ceil_page(req.extend_input_len, self.page_size) + self.page_size
         if paged_input > self.cur_rem_tokens or self._exceeds(paged_input):
             return AddResult.NO_TOKEN
@@ -325,7 +326,7 @@ class AdmissionPass:
             states.append((tokens_left, tokens_occupied))
             return
         # SGLang's insertion: the first entry with tokens_left ≥ ours, else one place before the end
-        # (not at the end) — slightly more conservative, reproduced as is (reference §10).
+        # (not at the end) — slightly more conservative, reproduced as is (docs/sglang-rules.md §10).
         at = 0
         for at in range(len(states)):
             if tokens_left <= states[at][0]:

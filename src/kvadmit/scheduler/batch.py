@@ -2,7 +2,7 @@
 
 SGLang keeps requests that finished in the last decode step in the running batch until the next decode
 pass filters them out; meanwhile they still count in the running size and in the reservation admission
-holds back (reference §1.3, confirmed in the scheduler's code). This class does the same.
+holds back (docs/sglang-rules.md §1.3, confirmed in the scheduler's code). This class does the same.
 """
 
 from __future__ import annotations

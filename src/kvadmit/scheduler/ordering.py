@@ -1,4 +1,4 @@
-"""Waiting-queue order for each scheduling pass (`--schedule-policy`, reference §1.2).
+"""Waiting-queue order for each scheduling pass (`--schedule-policy`, docs/sglang-rules.md §1.2).
 
 The queue is sorted in place once per pass; admission then walks it in that order and stops at the first
 request that does not fit (head-of-line blocking).

@@ -1,4 +1,5 @@
-"""The output budget a request is granted on arrival (SGLang's init_req_max_new_tokens, reference §1.9).
+"""The output budget a request is granted on arrival (SGLang's init_req_max_new_tokens, docs/sglang-rules.md
+§1.9).
 
 A client asks for max_new_tokens, or for none (as many as the context allows). The scheduler grants the
 least of: the ask; SGLANG_MAX_NEW_TOKENS_LIMIT when set; what the longest allowed sequence leaves after

@@ -39,7 +39,8 @@ class AdmissionPolicy:
     name: str
     retraction_order: Callable[[list[Req]], list[int]] = retraction_order
     requeue_at_front: bool = False  # a retracted request goes to the head of the queue, not the tail
-    # SGLang's future-occupancy check for ignore_eos requests without a prefix cache (reference §1.6)
+    # SGLang's future-occupancy check for ignore_eos requests without a prefix cache (docs/sglang-rules.md
+    # §1.6)
     ignore_eos_occupancy_check: bool = True
 
     def knobs(self, knobs: SchedulerKnobs) -> SchedulerKnobs:

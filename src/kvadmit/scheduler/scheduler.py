@@ -1,7 +1,7 @@
 """The scheduler: one pass picks the next batch; the executor runs it; the result updates requests.
 
 This is the thin orchestrator over admission, ratio, retraction and ordering. It reproduces SGLang
-0.5.22's non-overlap event loop (reference §1–§3):
+0.5.22's non-overlap event loop (docs/sglang-rules.md §1–§3):
 
     next_batch():   merge the last prefill batch into the running batch;
                     try to form a prefill batch (admission) — prefill has priority;
@@ -326,7 +326,8 @@ class Scheduler(RequestIntake, DecodeMemory, StepResults):
         return events
 
     def check_invariants(self) -> None:
-        """DESIGN.md's pool accounting: free + evictable + locked + held by requests == pool size."""
+        """docs/architecture.md's pool accounting: free + evictable + locked + held by requests == pool
+        size."""
         held_pages = 0
         live = {id(r): r for r in self.running.reqs if not r.finished}
         if self.chunked_req is not None:
