@@ -98,3 +98,29 @@ def test_a_request_not_yet_queued_has_the_budget_it_asked_for() -> None:
     assert (req.max_new_tokens, req.min_new_tokens, req.stop_token_ids) == (40, 5, frozenset({9}))
     assert req.remaining_new_tokens == 25
     assert Req("b", [1], SamplingLimits(None)).max_new_tokens == 1 << 30  # unset: up to the context
+
+
+def test_the_clients_ask_is_checked_in_one_place() -> None:
+    """None means up to the context; a whole number at or above the API's minimum passes (an integral
+    float as its integer); anything else names the field as the client wrote it."""
+    import pytest
+
+    from kvadmit.scheduler.output_budget import OutputBudgetError, check_requested_max_new_tokens
+
+    assert check_requested_max_new_tokens(None) is None
+    assert check_requested_max_new_tokens(0) == 0  # the native API allows an empty generation
+    assert check_requested_max_new_tokens(5.0) == 5
+    assert check_requested_max_new_tokens(1, "max_tokens", minimum=1) == 1
+    cases = [
+        ((-1,), "max_new_tokens must be ≥ 0, got -1"),
+        ((-1.0,), "max_new_tokens must be ≥ 0, got -1"),  # a float slipped past the native check before
+        ((0, "max_tokens", 1), "max_tokens must be at least 1, got 0"),
+        ((2.5,), "max_new_tokens must be an integer, got 2.5"),
+        ((True,), "max_new_tokens must be an integer, got True"),
+        (("12",), "max_new_tokens must be an integer, got '12'"),
+        ((float("inf"),), "max_new_tokens must be an integer, got inf"),
+    ]
+    for args, message in cases:
+        with pytest.raises(OutputBudgetError) as err:
+            check_requested_max_new_tokens(*args)
+        assert str(err.value) == message

@@ -50,6 +50,11 @@ def test_malformed_json_and_wrong_types(srv: RunningServer) -> None:
     err = error_of(post(srv, "/generate", bad_key), 400)
     assert "tempo" in err["message"] and "temperature" in err["message"]  # names the allowed keys
     error_of(post(srv, "/generate", {"sampling_params": {}}), 400)  # neither text nor input_ids
+    asks = [(-1, "must be ≥ 0, got -1"), (-1.0, "must be ≥ 0, got -1"), (2.5, "must be an integer, got 2.5")]
+    for value, says in asks:
+        body = {"text": "hi", "sampling_params": {"max_new_tokens": value}}
+        err = error_of(post(srv, "/generate", body), 400)
+        assert err["message"] == f"max_new_tokens {says}" and err["param"] == "max_new_tokens"
 
 
 @pytest.mark.parametrize(

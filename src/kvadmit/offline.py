@@ -16,6 +16,7 @@ from kvadmit.config import ServerArgs
 from kvadmit.engine import Engine, WallClock
 from kvadmit.request import FinishKind, Req, SamplingLimits
 from kvadmit.sampling_params import SamplingError, SamplingParams
+from kvadmit.scheduler.output_budget import OutputBudgetError, check_requested_max_new_tokens
 from kvadmit.scheduler.scheduler import ScheduledBatch, Scheduler
 from kvadmit.stop_strings import StopStringWatch, cut_at_stop
 
@@ -142,9 +143,10 @@ class OfflineEngine:
             raise SamplingError(
                 f"unknown sampling parameter(s) {sorted(unknown)}; allowed: {sorted(_SAMPLING_KEYS)}"
             )
-        max_new = sp.get("max_new_tokens", 128)
-        if max_new is not None and (not isinstance(max_new, int) or max_new < 0):
-            raise SamplingError(f"max_new_tokens must be an integer ≥ 0, got {max_new!r}")
+        try:
+            max_new = check_requested_max_new_tokens(sp.get("max_new_tokens", 128))
+        except OutputBudgetError as e:
+            raise SamplingError(str(e)) from None
         self._count += 1
         return Req(
             rid=f"offline-{self._count}",

@@ -16,6 +16,27 @@ from kvadmit.memory.pool import ceil_page
 from kvadmit.request import MAX_NEW_TOKENS_UNSET
 
 
+class OutputBudgetError(ValueError):
+    """A max_new_tokens that is not a whole number, or below what the API allows; the message names the
+    field as the client wrote it."""
+
+
+def check_requested_max_new_tokens(
+    value: object, field: str = "max_new_tokens", minimum: int = 0
+) -> int | None:
+    """The client's ask, checked: None (up to the context) or a whole number ≥ `minimum` (0 on SGLang's
+    native API and offline, 1 for the OpenAI API's max_tokens). An integral float (5.0) counts as 5."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not float(value).is_integer():
+        raise OutputBudgetError(f"{field} must be an integer, got {value!r}")
+    asked = int(value)
+    if asked < minimum:
+        bound = "≥ 0" if minimum == 0 else f"at least {minimum}"
+        raise OutputBudgetError(f"{field} must be {bound}, got {asked}")
+    return asked
+
+
 def max_request_len(context_len: int, pool_size: int) -> int:
     """The longest sequence (prompt + outputs) a request may reach: SGLang's max_req_len."""
     return min(context_len - 1, pool_size - 1)

@@ -48,11 +48,8 @@ def native_sampling(sp: dict[str, Any]) -> tuple[SamplingLimits, SamplingParams,
     if sp.get("repetition_penalty", 1) not in (1, 1.0):
         raise APIError("sampling_params.repetition_penalty is not supported (only 1)",
                        param="sampling_params.repetition_penalty")  # fmt: skip
-    max_new = sp.get("max_new_tokens", 128)
-    if max_new is not None and isinstance(max_new, int) and not isinstance(max_new, bool) and max_new < 0:
-        raise APIError(f"max_new_tokens must be ≥ 0, got {max_new}", param="max_new_tokens")
     limits, params = sampling_from(
-        max_new_tokens=max_new,
+        max_new_tokens=sp.get("max_new_tokens", 128),
         temperature=sp.get("temperature", 1.0),
         top_p=sp.get("top_p", 1.0),
         top_k=sp.get("top_k", -1),

@@ -37,8 +37,6 @@ def _sampling(
 ) -> tuple[SamplingLimits, SamplingParams]:
     if body.n != 1:
         raise APIError(f"n must be 1 (one choice per request), got {body.n}", param="n")
-    if max_new is not None and max_new <= 0:
-        raise APIError(f"{max_field} must be at least 1, got {max_new}", param=max_field)
     return sampling_from(
         max_new_tokens=max_new,
         temperature=1.0 if body.temperature is None else body.temperature,
@@ -50,6 +48,7 @@ def _sampling(
         min_new_tokens=body.min_tokens,
         stop_token_ids=body.stop_token_ids,
         names={"max_new_tokens": max_field, "sampling_seed": "seed", "min_new_tokens": "min_tokens"},
+        min_max_new_tokens=1,
     )
 
 

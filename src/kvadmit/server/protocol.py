@@ -10,7 +10,11 @@ from pydantic import BaseModel, ConfigDict
 from kvadmit.memory.pool import ceil_page
 from kvadmit.request import SamplingLimits
 from kvadmit.sampling_params import SamplingError, SamplingParams
-from kvadmit.scheduler.output_budget import pool_room_for_output
+from kvadmit.scheduler.output_budget import (
+    OutputBudgetError,
+    check_requested_max_new_tokens,
+    pool_room_for_output,
+)
 from kvadmit.server.errors import APIError
 
 NATIVE_SAMPLING_KEYS = {
@@ -98,9 +102,11 @@ def sampling_from(
     min_new_tokens: Any = 0,
     stop_token_ids: Any = None,
     names: dict[str, str] | None = None,
+    min_max_new_tokens: int = 0,
 ) -> tuple[SamplingLimits, SamplingParams]:
     """Sampling limits and parameters, each checked; `names` maps a parameter to the field the client
-    used (max_tokens for max_new_tokens, …) so the error names what the client wrote."""
+    used (max_tokens for max_new_tokens, …) so the error names what the client wrote; max_new_tokens must
+    be at least `min_max_new_tokens` (0 on the native API, 1 for OpenAI's max_tokens)."""
     names = names or {}
 
     def number(value: Any, key: str, kind: type) -> Any:
@@ -113,8 +119,11 @@ def sampling_from(
                            f"got {value!r}", param=names.get(key, key))  # fmt: skip
         return kind(value)
 
-    if max_new_tokens is not None:
-        max_new_tokens = number(max_new_tokens, "max_new_tokens", int)
+    max_field = names.get("max_new_tokens", "max_new_tokens")
+    try:
+        max_new_tokens = check_requested_max_new_tokens(max_new_tokens, max_field, min_max_new_tokens)
+    except OutputBudgetError as e:
+        raise APIError(str(e), param=max_field) from None
     if seed is not None:
         seed = number(seed, "sampling_seed", int)
     if stop_token_ids is not None and not (
