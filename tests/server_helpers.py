@@ -20,23 +20,34 @@ CHAT_TEMPLATE = (
 )
 
 
-def write_tiny_model(folder: Path, max_position_embeddings: int = 2048) -> Path:
-    """A 2-layer random Llama with a trained byte-level BPE tokenizer and a chat template."""
-    import torch
+def write_tiny_tokenizer(folder: Path, text: str, chat_template: str | None) -> Any:
+    """A byte-level BPE tokenizer of 300 tokens trained on `text`, <eos> its one special token (id 0), with
+    `chat_template` when given; saved to `folder` and returned."""
     import transformers
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    corpus = ["the quick brown fox jumps over the lazy dog. stop here. " * 4] * 10
     trainer = trainers.BpeTrainer(
         vocab_size=300, special_tokens=["<eos>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
     )
-    tok.train_from_iterator(corpus, trainer)
+    tok.train_from_iterator([text * 4] * 10, trainer)
     fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")
-    fast.chat_template = CHAT_TEMPLATE
+    if chat_template is not None:
+        fast.chat_template = chat_template
     fast.save_pretrained(folder)
+    return fast
+
+
+def write_tiny_model(folder: Path, max_position_embeddings: int = 2048) -> Path:
+    """A 2-layer random Llama with a trained byte-level BPE tokenizer and a chat template."""
+    import torch
+    import transformers
+
+    fast = write_tiny_tokenizer(
+        folder, "the quick brown fox jumps over the lazy dog. stop here. ", CHAT_TEMPLATE
+    )
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(
         vocab_size=fast.vocab_size, hidden_size=64, intermediate_size=96, num_hidden_layers=2,

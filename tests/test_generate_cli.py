@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from kvadmit.cli import main
+from server_helpers import write_tiny_tokenizer
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
@@ -23,20 +24,9 @@ SETTINGS = ["--dtype", "float32", "--device", "cpu", "--temperature", "0", "--ma
 
 
 def _tokenizer(folder: Path, chat_template: str | None) -> None:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    corpus = ["<|user|> the quick brown fox jumps over the lazy dog.\n<|bot|> " * 4] * 10
-    trainer = trainers.BpeTrainer(
-        vocab_size=300, special_tokens=["<eos>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    write_tiny_tokenizer(
+        folder, "<|user|> the quick brown fox jumps over the lazy dog.\n<|bot|> ", chat_template
     )
-    tok.train_from_iterator(corpus, trainer)
-    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")
-    if chat_template is not None:
-        fast.chat_template = chat_template
-    fast.save_pretrained(folder)
 
 
 def _model(folder: Path, *, eos_at_once: bool) -> None:

@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from kvadmit.cli.flags import check_load_flags
 from kvadmit.errors import UsageError
 
 
@@ -74,12 +75,7 @@ def run(ns: argparse.Namespace) -> int:
 
     if ns.num_prompts <= 0:
         raise UsageError(f"--num-prompts must be positive, got {ns.num_prompts}")
-    if ns.max_concurrency is not None and ns.max_concurrency <= 0:
-        raise UsageError(f"--max-concurrency must be a positive integer, got {ns.max_concurrency}")
-    if not ns.request_rate > 0:
-        raise UsageError(f"--request-rate must be > 0 (or inf), got {ns.request_rate}")
-    if ns.warmup_requests < 0:
-        raise UsageError(f"--warmup-requests must be ≥ 0, got {ns.warmup_requests}")
+    check_load_flags(ns)
     if ns.port is not None and not 0 < ns.port < 65536:
         raise UsageError(f"--port must be within 1..65535, got {ns.port}")
     if ns.ready_check_timeout_sec < 0:

@@ -185,3 +185,14 @@ def add_simulate_flags(p: argparse.ArgumentParser) -> None:
     add_policy_flag(p)
     add_workload_flags(p)
     add_cost_model_flags(p)
+
+
+def check_load_flags(ns: argparse.Namespace) -> None:
+    """The load bench_serving's flags describe, as `bench` and `simulate` both take it; UsageError names a
+    bad flag."""
+    if ns.max_concurrency is not None and ns.max_concurrency <= 0:
+        raise UsageError(f"--max-concurrency must be a positive integer, got {ns.max_concurrency}")
+    if not ns.request_rate > 0:
+        raise UsageError(f"--request-rate must be > 0 (or inf), got {ns.request_rate}")
+    if ns.warmup_requests < 0:
+        raise UsageError(f"--warmup-requests must be ≥ 0, got {ns.warmup_requests}")

@@ -7,7 +7,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
-from kvadmit.cli.flags import add_simulate_flags, server_args_from
+from kvadmit.cli.flags import add_simulate_flags, check_load_flags, server_args_from
 from kvadmit.config import SIMULATED_CONTEXT_LENGTH
 from kvadmit.errors import UsageError
 
@@ -42,12 +42,7 @@ def simulate_config(ns: argparse.Namespace) -> SimConfig:
 
     if ns.max_total_tokens is None:
         raise UsageError("--max-total-tokens is required: the simulated GPU's KV pool size in tokens")
-    if ns.max_concurrency is not None and ns.max_concurrency <= 0:
-        raise UsageError(f"--max-concurrency must be a positive integer, got {ns.max_concurrency}")
-    if not ns.request_rate > 0:
-        raise UsageError(f"--request-rate must be > 0 (or inf), got {ns.request_rate}")
-    if ns.warmup_requests < 0:
-        raise UsageError(f"--warmup-requests must be ≥ 0, got {ns.warmup_requests}")
+    check_load_flags(ns)
     args = server_args_from(ns)
     try:
         cost = (
