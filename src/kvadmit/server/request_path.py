@@ -11,7 +11,6 @@ away aborts its request), and token counts come from the ends the engine reporte
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -100,7 +99,7 @@ def _session(
     state: ServerState, request: Request, sub: Submission, ids: list[int], rid: str | None
 ) -> Session:
     return Session(
-        state.runner, ids, dataclasses.replace(sub.limits), sub.params, stops=sub.stops,
+        state.runner, ids, sub.limits, sub.params, stops=sub.stops,  # limits: frozen, shared by the prompts
         skip_special_tokens=sub.skip_special_tokens, streaming=sub.stream,
         is_disconnected=request.is_disconnected, rid=rid, received=getattr(request.state, "received", None),
     )  # fmt: skip
