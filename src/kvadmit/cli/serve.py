@@ -23,12 +23,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 
 def add_serve_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("server (SGLang's flags)")
-    add_model_flags(
-        g,
-        path_help="HF folder or .gguf file (default: SmolLM2-135M-Instruct)",
-        dtype_help="auto: bfloat16 where computed natively, else float32 (CPU) / float16",
-        device_help="cpu, cuda, or auto (cuda when present)",
-    )
+    add_model_flags(g)
     g.add_argument("--tokenizer-path", default=None)
     g.add_argument("--host", default="127.0.0.1")
     g.add_argument("--port", type=int, default=30000)
