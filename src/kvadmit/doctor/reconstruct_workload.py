@@ -79,10 +79,12 @@ def infer_arrivals(events: list[Decode | Prefill | Retract], start: Start, span_
             times += [t_prev + gap * (k + 1) / (new + 1) if gap > 0 else e.t for k in range(new)]
             emitted += new
         t_prev = e.t
-    rate = len(times) / span_s if span_s > 0 else 0.0
+    # While requests arrive: n arrivals span n − 1 gaps (the whole window when there are few).
+    arriving = times[-1] - times[0] if len(times) >= 3 else 0.0
+    rate = (len(times) - 1) / arriving if arriving > 0 else (len(times) / span_s if span_s > 0 else 0.0)
     how = (
-        f"{len(times):,} arrivals in {span_s:.0f} s: Δ#queue-req + Σ #new-seq − Σ #retracted_reqs "
-        "between batch lines"
+        f"{len(times):,} arrivals over {arriving or span_s:.0f} s: Δ#queue-req + Σ #new-seq − Σ "
+        "#retracted_reqs between batch lines"
     )
     return Arrivals(times, Inferred(rate, how, "estimate" if len(times) >= 3 else "guess"))
 
