@@ -79,8 +79,10 @@ def infer_arrivals(events: list[Decode | Prefill | Retract], start: Start, span_
             times += [t_prev + gap * (k + 1) / (new + 1) if gap > 0 else e.t for k in range(new)]
             emitted += new
         t_prev = e.t
-    # While requests arrive: n arrivals span n − 1 gaps (the whole window when there are few).
+    # While requests arrive: n arrivals span n − 1 gaps (the whole window when there are few, or when
+    # they bunch within a small part of it: timestamps are whole seconds).
     arriving = times[-1] - times[0] if len(times) >= 3 else 0.0
+    arriving = arriving if arriving >= span_s / 2 else 0.0
     rate = (len(times) - 1) / arriving if arriving > 0 else (len(times) / span_s if span_s > 0 else 0.0)
     how = (
         f"{len(times):,} arrivals over {arriving or span_s:.0f} s: Δ#queue-req + Σ #new-seq − Σ "
