@@ -23,7 +23,8 @@ ALLOWED: dict[str, str | None] = {
     "stop_strings": "model",  # the incremental detokenizer it watches
     "server": "kvadmit config costmodel engine errors executor memory model observe request sampling_params "
     "scheduler stop_strings",
-    "doctor": "capacity config observe scheduler",  # never the server
+    # never the server; the what-ifs run the simulator (sim, costmodel's calibrate, bench's workload)
+    "doctor": "bench capacity config costmodel observe scheduler sim",
     "sim": "bench config costmodel engine executor observe request scheduler",
     "bench": "errors model",  # it talks HTTP: never the server or the simulator (model: the byte tokenizer)
     "capacity": "config errors memory request scheduler",

@@ -4,8 +4,12 @@ to do."""
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING, NoReturn
 
 from kvadmit.errors import UsageError
+
+if TYPE_CHECKING:
+    from kvadmit.doctor.whatif import Scenario
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -38,6 +42,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--every", type=float, default=5.0, metavar="SECONDS", help="--watch scrape interval")
     p.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
     p.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report with charts")
+    p.add_argument(
+        "--what-if",
+        dest="what_if",
+        action="append",
+        default=[],
+        metavar="FLAGS",
+        help="simulate the reconstructed server with these server flags changed (repeatable), e.g. "
+        '--what-if "--schedule-conservativeness 1.3"; the advice is simulated too',
+    )
+    p.add_argument(
+        "--no-what-if",
+        dest="no_what_if",
+        action="store_true",
+        help="skip the reconstruction, the replay check and the what-if simulations",
+    )
     p.set_defaults(func=run)
 
 
@@ -56,6 +75,9 @@ def run(ns: argparse.Namespace) -> int:
         raise UsageError(f"--interval must be a positive number of seconds, got {ns.interval:g}")
     if not ns.every > 0:
         raise UsageError(f"--every must be a positive number of seconds, got {ns.every:g}")
+    scenarios = what_if_scenarios(ns.what_if)
+    if ns.what_if and ns.log is None:
+        raise UsageError("--what-if needs a log file (the reconstruction is made from it)")
     try:
         inputs = Inputs(log=ns.log, metrics=list(ns.metrics), interval_s=ns.interval)
         if ns.watch:
@@ -65,13 +87,53 @@ def run(ns: argparse.Namespace) -> int:
         result = diagnose(inputs)
     except DoctorInputError as e:
         raise UsageError(str(e)) from None
+    proof = None
+    if ns.log is not None and not ns.no_what_if:
+        from kvadmit.doctor.prove import prove
+
+        proof = prove(ns.log, result.verdict, scenarios)
     if ns.html:
         from kvadmit.doctor.html import render_html
 
         try:
             with open(ns.html, "w", encoding="utf-8") as f:
-                f.write(render_html(result))
+                f.write(render_html(result, proof))
         except OSError as e:
             raise UsageError(f"cannot write {ns.html!r}: {e.strerror}") from None
-    print(render_json(result) if ns.json else render_text(result))
+    print(render_json(result, proof) if ns.json else render_text(result, proof))
     return 0
+
+
+def what_if_scenarios(texts: list[str]) -> list[Scenario]:
+    """Each --what-if's quoted flags, read by the server flag group `simulate` takes (flags.py), as the
+    ServerArgs fields it changes; a bad flag is one line and exit status 2."""
+    import shlex
+
+    from kvadmit.cli.flags import add_scheduler_flags, server_fields
+    from kvadmit.doctor.whatif import Scenario
+
+    class _Parser(argparse.ArgumentParser):
+        def error(self, message: str) -> NoReturn:
+            raise UsageError(f"--what-if {text!r}: {message}")
+
+    parser = _Parser(prog="--what-if", add_help=False)
+    add_scheduler_flags(parser)
+    names = [f.name for f in server_fields()]
+    out: list[Scenario] = []
+    for text in texts:
+        try:
+            words = shlex.split(text)
+        except ValueError as e:
+            raise UsageError(f"--what-if {text!r}: {e}") from None
+        if not words:
+            example = '--what-if "--schedule-conservativeness 1.3"'
+            raise UsageError(f"--what-if needs server flags, e.g. {example}")
+        defaults = parser.parse_args([])
+        ns = parser.parse_args(words)
+        changed = {n: getattr(ns, n) for n in names if getattr(ns, n) != getattr(defaults, n)}
+        if not changed:
+            raise UsageError(f"--what-if {text!r}: no server flag changed")
+        if "max_total_tokens" in changed and changed["max_total_tokens"] is not None:
+            changed["max_total_tokens"] = int(changed["max_total_tokens"])
+        out.append(Scenario(" ".join(words), "user", changed))
+    return out

@@ -6,10 +6,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from html import escape
+from typing import TYPE_CHECKING
 
 from kvadmit.doctor.model import Diagnosis, Finding
 from kvadmit.doctor.timeline import Marker, Point, Series
 from kvadmit.observe.svg_chart import dot, element, polyline, text
+
+if TYPE_CHECKING:
+    from kvadmit.doctor.prove import Proof
 
 WIDTH, HEIGHT = 960, 170
 LEFT, RIGHT, TOP, BOTTOM = 64, 16, 26, 26
@@ -197,7 +201,7 @@ def _finding(f: Finding) -> str:
     return "".join(out)
 
 
-def render_html(d: Diagnosis) -> str:
+def render_html(d: Diagnosis, proof: Proof | None = None) -> str:
     lead = d.lead
     colour = VERDICT_COLOURS.get(d.verdict, "#7f7f7f")
     inputs = "<br>".join(
@@ -221,6 +225,15 @@ def render_html(d: Diagnosis) -> str:
         charts(d),
         "<h2>Findings</h2>",
         *(_finding(f) for f in d.findings),
+        proof_html(proof) if proof is not None else "",
         "</body></html>",
     ]
     return "\n".join(body)
+
+
+def proof_html(proof: Proof) -> str:
+    """The reconstruction, replay check, what-if table and the simulated timelines over the real one."""
+    from kvadmit.doctor.whatif_html import overlay_charts
+    from kvadmit.doctor.whatif_report import render_proof_html
+
+    return render_proof_html(proof, overlay_charts(proof))

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import json
 import textwrap
+from typing import TYPE_CHECKING
 
 from kvadmit.doctor.model import Diagnosis, Finding
 from kvadmit.doctor.rates import duration
+
+if TYPE_CHECKING:
+    from kvadmit.doctor.prove import Proof
 
 WIDTH = 110
 
@@ -39,7 +43,7 @@ def _finding(f: Finding, lead: bool) -> list[str]:
     return out
 
 
-def render_text(d: Diagnosis) -> str:
+def render_text(d: Diagnosis, proof: Proof | None = None) -> str:
     """The verdict and its evidence first; then the other findings; then what was read."""
     out: list[str] = _finding(d.lead, lead=True)
     rest = d.findings[1:]
@@ -67,8 +71,20 @@ def render_text(d: Diagnosis) -> str:
         for q in unknown[:3]:
             text = q.text if len(q.text) <= 160 else q.text[:160] + " …"
             out.append(f"  line {q.line}: {text}")
+    if proof is not None:
+        out += ["", proof_text(proof)]
     return "\n".join(out)
 
 
-def render_json(d: Diagnosis) -> str:
-    return json.dumps(d.to_json(), indent=1, default=str)
+def proof_text(proof: Proof) -> str:
+    """The reconstruction, replay check and what-if table (whatif_report.py)."""
+    from kvadmit.doctor.whatif_report import render_proof_text
+
+    return render_proof_text(proof)
+
+
+def render_json(d: Diagnosis, proof: Proof | None = None) -> str:
+    out = d.to_json()
+    if proof is not None:
+        out["what_if"] = proof.to_json()
+    return json.dumps(out, indent=1, default=str)

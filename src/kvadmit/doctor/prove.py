@@ -1,0 +1,139 @@
+"""Issue 21's whole answer for one log: the reconstruction, the replay check (does simulating it reproduce
+the log?) and, when it does, the what-if table ranked by effect."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvadmit.doctor.observed import Observed, read_observed
+from kvadmit.doctor.reconstruct import CannotReconstruct, Reconstruction, reconstruct
+from kvadmit.doctor.resimulate import SimRun, run
+from kvadmit.doctor.whatif import (
+    RETRACTION_FACTOR,
+    USAGE_TOLERANCE,
+    Outcome,
+    Scenario,
+    Stats,
+    advised,
+    outcome,
+    window_stats,
+)
+
+
+@dataclass(slots=True)
+class CheckRow:
+    metric: str
+    log: float | str | None
+    replay: float | str | None
+    closeness: str
+    ok: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {"metric": self.metric, "log": self.log, "replay": self.replay, "closeness": self.closeness,
+                "ok": self.ok}  # fmt: skip
+
+
+@dataclass(slots=True)
+class Proof:
+    reconstruction: Reconstruction | None = None
+    real: Stats | None = None
+    check: list[CheckRow] = field(default_factory=list)
+    reproduced: bool = False
+    outcomes: list[Outcome] = field(default_factory=list)  # today first, then ranked by effect
+    seconds: float = 0.0
+    problem: str | None = None  # why there is no reconstruction, or no prediction
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "reconstruction": self.reconstruction.to_json() if self.reconstruction else None,
+            "replay_check": {"reproduced": self.reproduced, "rows": [r.to_json() for r in self.check]},
+            "what_if": [o.row() for o in self.outcomes],
+            "seconds": round(self.seconds, 3),
+            "problem": self.problem,
+        }
+
+
+def _ratio_row(metric: str, log: float | None, sim: float | None, digits: int = 1) -> CheckRow:
+    if log is None or sim is None:
+        return CheckRow(metric, log, sim, "not shown", True)
+    if max(log, sim) < 1.0:  # both under one a minute (or a token): nothing to tell apart
+        return CheckRow(metric, round(log, digits), round(sim, digits), "both below 1", True)
+    factor = max(log, sim) / max(min(log, sim), 1e-9)
+    ok = factor <= RETRACTION_FACTOR
+    return CheckRow(metric, round(log, digits), round(sim, digits), f"× {factor:.2f}", ok)
+
+
+def _usage_row(real: Stats, sim: Stats) -> CheckRow:
+    pairs = zip(real.usage_bins, sim.usage_bins, strict=True)
+    diffs = [abs(a - b) for a, b in pairs if a is not None and b is not None]
+    if not diffs:
+        return CheckRow("token usage (mean |Δ| over time)", None, None, "not shown", True)
+    off = sum(diffs) / len(diffs)
+    return CheckRow(
+        "token usage (mean |Δ| over time)", _round(real.usage_mean, 2), _round(sim.usage_mean, 2),
+        f"{off:.3f} apart", off <= USAGE_TOLERANCE,
+    )  # fmt: skip
+
+
+def _round(x: float | None, digits: int) -> float | None:
+    return round(x, digits) if x is not None else None
+
+
+def _info_row(metric: str, log: float | None, sim: float | None, digits: int = 1) -> CheckRow:
+    if log is None or sim is None:
+        return CheckRow(metric, log, sim, "not shown", True)
+    rel = abs(sim - log) / max(abs(log), 1e-9)
+    return CheckRow(metric, round(log, digits), round(sim, digits), f"{100 * rel:.0f}% apart", True)
+
+
+def replay_check(verdict: str, real: Stats, today: Outcome) -> tuple[list[CheckRow], bool]:
+    sim = today.stats
+    rows = [
+        CheckRow("verdict", verdict, today.verdict, "same" if verdict == today.verdict else "differs",
+                 verdict == today.verdict),
+        _ratio_row("retractions per minute", real.retractions_per_min, sim.retractions_per_min),
+        _usage_row(real, sim),
+        _info_row("queue length (mean)", real.queue_mean, sim.queue_mean),
+        _info_row("gen throughput (token/s, mean)", real.throughput_mean, sim.throughput_mean, 0),
+    ]  # fmt: skip
+    return rows, all(r.ok for r in rows)
+
+
+def prove(log: str, verdict: str, user: list[Scenario]) -> Proof:
+    """Reconstruct, check the replay, and simulate the advice and the user's flag changes."""
+    began = time.perf_counter()
+    proof = Proof()
+    try:
+        if log == "-":
+            raise CannotReconstruct("the log came from standard input, which can be read only once")
+        obs = read_observed(log)
+        rec = reconstruct(obs)
+    except CannotReconstruct as e:
+        proof.problem = f"no reconstruction: {e}"
+        proof.seconds = time.perf_counter() - began
+        return proof
+    proof.reconstruction = rec
+    return _simulate_all(proof, rec, obs, verdict, user, began)
+
+
+def _simulate_all(
+    proof: Proof, rec: Reconstruction, obs: Observed, verdict: str, user: list[Scenario], began: float
+) -> Proof:
+    proof.real = real = window_stats(obs, rec.window[0], rec.span_s)
+    today = outcome(rec, Scenario("today (the reconstruction)", "today"), _run(rec, Scenario("", "today")))
+    proof.check, proof.reproduced = replay_check(verdict, real, today)
+    proof.outcomes = [today]
+    if not proof.reproduced:
+        proof.problem = "the reconstruction does not reproduce the log: no prediction is claimed"
+    scenarios = advised(rec, verdict) + user
+    others = [outcome(rec, s, _run(rec, s)) for s in scenarios]
+    others.sort(key=lambda o: (o.stats.retractions_per_min, o.ttft_p50_ms or 0.0))
+    proof.outcomes += others
+    proof.seconds = time.perf_counter() - began
+    return proof
+
+
+def _run(rec: Reconstruction, s: Scenario) -> SimRun:
+    return run(rec, s.label, s.overrides)

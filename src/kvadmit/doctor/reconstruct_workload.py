@@ -1,0 +1,206 @@
+"""The workload's side of a reconstruction from a log alone: when requests arrived, how long their prompts
+and outputs were, what they asked for (max_new_tokens) and whether they stopped early.
+
+The arithmetic (docs/sglang-rules.md §2–§4):
+* Arrivals. Between two batch lines the queue changes by arrivals + retracted − admitted, and every
+  admitted request shows in a Prefill line's #new-seq, so arrivals = Δ#queue-req + Σ #new-seq − Σ
+  #retracted_reqs. Their running total, kept from going back, gives the arrival times.
+* Prompts: (#new-token + #cached-token) ÷ #new-seq over the Prefill lines.
+* Outputs. Over the --decode-log-interval (n) steps between two Decode lines every running request
+  gains a token per step, so #token grows by n × #running-req, plus what was prefilled, less what
+  retraction freed (#new_tokens_gained) and less what finished requests freed. The requests that
+  finished are Δ#running-req + Σ #new-seq − Σ #retracted_reqs. What a finished request freed, on
+  average, is its prompt plus its output.
+* The budget. After a retraction the ratio is (Σ outputs + 20 × n) / (Σ max_new_tokens + 1) over the n
+  requests left (§2), and the pool was full when it retracted: Σ outputs ≈ pool − freed − n × prompt,
+  which gives the mean max_new_tokens.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+from kvadmit.doctor.inferred import Inferred
+from kvadmit.doctor.observed import Decode, Observed, Prefill, Retract
+
+RETRACT_DECODE_STEPS = 20  # SGLANG_RETRACT_DECODE_STEPS's default (§2)
+
+
+@dataclass(slots=True)
+class Start:
+    """The server's state at the first batch line of the window."""
+
+    t: float
+    running: int
+    tokens: int
+    queue: int
+
+
+@dataclass(slots=True)
+class Arrivals:
+    times: list[float] = field(default_factory=list)  # absolute seconds
+    rate: Inferred[float] = field(default_factory=lambda: Inferred(0.0, "", "guess"))
+
+
+def window_events(obs: Observed, t0: float, t1: float) -> list[Decode | Prefill | Retract]:
+    return [e for e in obs.events if t0 <= e.t <= t1]
+
+
+def infer_start(events: list[Decode | Prefill | Retract], pool: int) -> Start | None:
+    """Running, tokens held and queue just before the window's first batch line."""
+    for e in events:
+        if isinstance(e, Decode):
+            tokens = e.tokens if e.tokens is not None else round((e.usage or 0.0) * pool)
+            return Start(e.t, e.running, tokens, e.queue or 0)
+        if isinstance(e, Prefill):
+            used = round((e.usage or 0.0) * pool) - e.new_token - e.cached
+            # The line's queue is after admission; the admitted were waiting before it.
+            return Start(e.t, e.running or 0, max(used, 0), (e.queue or 0) + e.new_seq)
+    return None
+
+
+def infer_arrivals(events: list[Decode | Prefill | Retract], start: Start, span_s: float) -> Arrivals:
+    net = 0  # admitted − retracted since the start
+    emitted = 0
+    t_prev = start.t
+    times: list[float] = []
+    for e in events:
+        if isinstance(e, Retract):
+            net -= e.count
+            continue
+        if isinstance(e, Prefill):
+            net += e.new_seq
+        if e.queue is None:
+            continue
+        new = net + (e.queue - start.queue) - emitted
+        if new > 0:  # spread evenly over the interval since the last observation
+            gap = e.t - t_prev
+            times += [t_prev + gap * (k + 1) / (new + 1) if gap > 0 else e.t for k in range(new)]
+            emitted += new
+        t_prev = e.t
+    # While requests arrive: n arrivals span n − 1 gaps (the whole window when there are few, or when
+    # they bunch within a small part of it: timestamps are whole seconds).
+    arriving = times[-1] - times[0] if len(times) >= 3 else 0.0
+    arriving = arriving if arriving >= span_s / 2 else 0.0
+    rate = (len(times) - 1) / arriving if arriving > 0 else (len(times) / span_s if span_s > 0 else 0.0)
+    how = (
+        f"{len(times):,} arrivals over {arriving or span_s:.0f} s: Δ#queue-req + Σ #new-seq − Σ "
+        "#retracted_reqs between batch lines"
+    )
+    return Arrivals(times, Inferred(rate, how, "estimate" if len(times) >= 3 else "guess"))
+
+
+def infer_prompt(obs: Observed) -> Inferred[float] | None:
+    seqs = sum(p.new_seq for p in obs.prefills)
+    if seqs == 0:
+        return None
+    tokens = sum(p.new_token + p.cached for p in obs.prefills)
+    how = f"(#new-token + #cached-token) ÷ #new-seq over {len(obs.prefills):,} Prefill lines"
+    how += f" ({seqs:,} requests)"
+    return Inferred(tokens / seqs, how, "estimate" if seqs >= 3 else "guess")
+
+
+def finished_context(obs: Observed, interval: int) -> tuple[float, float, float] | None:
+    """(tokens freed, requests finished, request-steps decoded) summed over consecutive Decode lines (see
+    the module's note)."""
+    freed = finished = decoded = 0.0
+    prev: Decode | None = None
+    prefilled = new_seq = retracted = gained = 0
+    for e in obs.events:
+        if isinstance(e, Prefill):
+            prefilled += e.new_token + e.cached
+            new_seq += e.new_seq
+        elif isinstance(e, Retract):
+            retracted += e.count
+            gained += e.gained or 0
+        elif e.tokens is not None:
+            if prev is not None and prev.tokens is not None:
+                grown = interval * (prev.running + e.running) / 2 + prefilled - gained
+                freed += grown - (e.tokens - prev.tokens)
+                finished += prev.running - e.running + new_seq - retracted
+                decoded += interval * (prev.running + e.running) / 2
+            prev = e
+            prefilled = new_seq = retracted = gained = 0
+    return (freed, finished, decoded) if finished > 0 else None
+
+
+def mean_context(obs: Observed) -> float | None:
+    ctx = [d.tokens / d.running for d in obs.decodes if d.tokens and d.running]
+    return statistics.fmean(ctx) if ctx else None
+
+
+def infer_lengths(
+    obs: Observed, interval: int, prompt: Inferred[float] | None
+) -> tuple[Inferred[float], Inferred[float]]:
+    """(prompt, output) means. Without Prefill lines the prompt comes from two facts: a running request
+    holds its prompt plus, on average, half its output; a finished one freed its prompt plus all of it."""
+    done = finished_context(obs, interval)
+    ctx = mean_context(obs)
+    at_finish = done[0] / done[1] if done and done[1] >= 3 else None
+    if prompt is None:
+        if at_finish is not None and ctx is not None:
+            gained = [r.gained for r in obs.retracts if r.gained]
+            cap = min(gained) if gained else at_finish
+            value = min(max(2 * ctx - at_finish, 1.0), float(cap))
+            how = (
+                f"no Prefill lines: 2 × the mean #token per running request ({ctx:,.0f}) − what a finished "
+                f"request freed ({at_finish:,.0f}), at most the smallest retraction's #new_tokens_gained"
+            )
+            prompt = Inferred(value, how, "guess")
+        else:
+            prompt = Inferred(512.0, "no Prefill lines and no finishes to tell: 512 assumed", "guess")
+    if at_finish is not None:
+        assert done is not None
+        value = max(at_finish - prompt.value, 1.0)
+        how = (
+            f"a finished request freed {at_finish:,.0f} tokens on average ({done[1]:,.0f} finished between "
+            f"Decode lines, #token's growth over {interval} steps): that less the prompt"
+        )
+        return prompt, Inferred(value, how, "estimate")
+    if ctx is not None:
+        value = max(2 * (ctx - prompt.value), 1.0)
+        how = "no finishes seen: twice the mean output held by a running request"
+        how += f" ({ctx:,.0f} tokens less the prompt)"
+        return prompt, Inferred(value, how, "guess")
+    return prompt, Inferred(256.0, "nothing to tell: 256 assumed", "guess")
+
+
+def infer_budget(obs: Observed, pool: int, prompt: float, output: float) -> Inferred[float]:
+    """The mean max_new_tokens from the ratios retraction set (see the module's note)."""
+    running: int | None = None
+    budgets: list[float] = []
+    for e in obs.events:
+        if isinstance(e, Decode):
+            running = e.running
+        elif isinstance(e, Prefill) and running is not None:
+            running += e.new_seq
+        elif isinstance(e, Retract) and running is not None:
+            left = running - e.count
+            running = left
+            if left <= 0 or e.new_ratio is None or not 0 < e.new_ratio < 0.999 or e.gained is None:
+                continue
+            outputs = pool - e.gained - left * prompt
+            if outputs <= 0:
+                continue
+            budgets.append(((outputs + RETRACT_DECODE_STEPS * left) / e.new_ratio - 1) / left)
+    if budgets:
+        value = max(statistics.median(budgets), output)
+        how = (
+            f"the ratio after {len(budgets)} retractions, (Σ outputs + 20 × left) ÷ (Σ max_new_tokens + 1), "
+            "with the pool full"
+        )
+        return Inferred(value, how, "estimate")
+    return Inferred(output, "not shown (no retraction): taken as the mean output", "guess")
+
+
+def infer_remaining(obs: Observed, interval: int, output: float) -> Inferred[float]:
+    """How many more tokens a running request will generate, on average: the running batch decodes
+    #running-req tokens a step and loses a request per finish, so by Little's law a running request
+    has request-steps decoded ÷ finishes steps left (those running when the log starts may be young)."""
+    done = finished_context(obs, interval)
+    if done is None or done[1] < 3:
+        return Inferred(output / 2, "no finishes to tell: half the mean output", "guess")
+    value = done[2] / done[1]
+    how = f"{done[2]:,.0f} request-steps decoded for {done[1]:,.0f} finishes between Decode lines"
+    return Inferred(value, how, "estimate")

@@ -1,0 +1,121 @@
+"""A reconstruction run through the simulator (sim/run.py) with the server's flags, or with changed ones.
+
+The requests: those running when the window opens, sent over a warm-up before it (each sent as long
+before the window as it had been decoding: progress spread evenly over its output, so the pool holds
+about what the log shows and the ratio has decayed), those waiting then, sent just before it, and the
+arrivals inferred inside it. Every request has the inferred prompt length and max_new_tokens; it stops
+at its own output length (spread evenly around the mean when requests stop early, the budget when they
+do not). The simulated log lines of the window are what the replay check and the what-ifs compare."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+import numpy as np
+
+from kvadmit.bench.metrics import RequestOutcome
+from kvadmit.bench.workload import SimRequest, WorkloadSpec
+from kvadmit.doctor.observed import Observed, observe_lines
+from kvadmit.doctor.reconstruct import Reconstruction
+from kvadmit.observe.loglines import timestamp_prefix
+from kvadmit.sim.replay import Replay
+from kvadmit.sim.run import SimConfig, SimResult, simulate
+
+VOCAB = 32000
+WARMUP_MARGIN_S = 1.0
+
+
+@dataclass(slots=True)
+class SimRun:
+    label: str
+    overrides: dict[str, Any]
+    result: SimResult
+    lines: list[str]  # the simulated log
+    window_lines: list[str]  # the start-up line and the window's lines
+    observed: Observed  # the window's lines, read back
+    outcomes: list[RequestOutcome]  # the requests sent from the window's opening on
+
+
+def _output_lens(n: int, mean: float, budget: int, early: bool, seed: int) -> list[int]:
+    if not early:
+        return [budget] * n
+    # Evenly spread over [mean / 2, 3 × mean / 2] (the mean kept), shuffled, capped at the budget.
+    lens = [min(max(1, round(mean * (0.5 + (k + 0.5) / n))), budget) for k in range(n)]
+    np.random.RandomState(seed).shuffle(lens)
+    return lens
+
+
+def build_replay(rec: Reconstruction, budget: int | None = None) -> tuple[Replay, float]:
+    """The requests and their send times (seconds from the simulation's start), and the warm-up's length:
+    the window opens that many seconds into the simulation."""
+    prompt = max(round(rec.prompt_len.value), 1)
+    asked = budget if budget is not None else max(round(rec.max_new_tokens.value), 1)
+    early = rec.stops_early.value or asked > rec.output_len.value * 1.2
+    n_run, n_wait = rec.start.running, rec.start.queue
+    n = n_run + n_wait + len(rec.arrivals.times)
+    outs = _output_lens(n, rec.output_len.value, asked, early, seed=1)
+    # The running requests' progress: evenly spread, its mean what the log's #token shows per request;
+    # what each has left spread around the log's remaining output, within the budget. A step's time as
+    # the cost model says.
+    step_s = rec.cost.value.decode.seconds(max(n_run, 1), rec.start.tokens)
+    held = max(rec.start.tokens / n_run - prompt, 0.0) if n_run else 0.0
+    done = [min(round((k + 0.5) / n_run * 2 * held), asked - 1) for k in range(n_run)]
+    left = _output_lens(n_run, rec.remaining_output.value, asked, True, seed=3)
+    for k in range(n_run):
+        outs[k] = max(min(done[k] + left[k], asked), done[k] + 1)
+    progress = [d * step_s for d in done]
+    warmup = (max(progress) if progress else 0.0) + WARMUP_MARGIN_S
+    times = [warmup - p for p in progress]
+    times += [warmup - 0.001 * (n_wait - k) / max(n_wait, 1) for k in range(n_wait)]
+    t0 = rec.start.t
+    times += [warmup + (t - t0) for t in rec.arrivals.times]
+    offsets = np.random.RandomState(2).randint(0, VOCAB, size=n).tolist()
+    order = sorted(range(n), key=lambda i: times[i])
+    reqs = tuple(
+        SimRequest(j, prompt, outs[i], asked, outs[i], False, offsets[i]) for j, i in enumerate(order)
+    )  # fmt: skip
+    arrivals = tuple(times[i] for i in order)
+    return Replay(reqs, arrivals, tuple(f"r{j}" for j in range(n))), warmup
+
+
+def run(rec: Reconstruction, label: str, overrides: dict[str, Any], budget: int | None = None) -> SimRun:
+    """Simulate the reconstruction with ServerArgs fields overridden (none: the server as it was)."""
+    replay, warmup = build_replay(rec, budget)
+    args = rec.server_args(**overrides)
+    start = datetime.fromtimestamp(rec.start.t - warmup, tz=timezone.utc).replace(tzinfo=None)
+    spec = WorkloadSpec(num_prompts=len(replay.requests), vocab_size=VOCAB)
+    cfg = SimConfig(args, spec, rec.cost.value, warmup_requests=0, start=start, replay=replay)
+    lines: list[str] = []
+    result = simulate(cfg, emit_log=lines.append)
+    window = _window_lines(lines, rec)
+    sent_from = warmup - 0.01
+    outcomes = [o for o, t in zip(result.outcomes, replay.arrivals, strict=True) if t >= sent_from]
+    return SimRun(label, overrides, result, lines, window, observe_lines(window), outcomes)
+
+
+def _stamp(t: float) -> str:
+    return timestamp_prefix(datetime.fromtimestamp(t, tz=timezone.utc).replace(tzinfo=None))[1:20]
+
+
+def _window_lines(lines: list[str], rec: Reconstruction) -> list[str]:
+    """The start-up line, then the lines stamped within the window (compared as text: same format)."""
+    lo, hi = _stamp(rec.window[0]), _stamp(rec.window[1])
+    kept = [line for line in lines[1:] if line.startswith("[") and lo <= line[1:20] <= hi]
+    return lines[:1] + kept
+
+
+def diagnose_lines(lines: list[str]) -> str:
+    """The doctor's verdict on simulated log lines (written to a temporary file and read as a log)."""
+    from kvadmit.doctor.diagnose import Inputs, diagnose
+
+    fd, path = tempfile.mkstemp(suffix=".log", prefix="kvadmit-whatif-")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write("\n".join(lines) + "\n")
+        return diagnose(Inputs(log=path)).verdict
+    finally:
+        os.unlink(path)

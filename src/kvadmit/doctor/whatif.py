@@ -1,0 +1,123 @@
+"""The doctor proves its advice (issue 21): reconstruct the server and its workload from the log, check
+that simulating the reconstruction reproduces the log (the replay check), and only then simulate each
+piece of advice and each flag change the user names, ranked by effect."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvadmit.doctor import model
+from kvadmit.doctor.observed import Observed
+from kvadmit.doctor.reconstruct import Reconstruction
+from kvadmit.doctor.resimulate import SimRun, diagnose_lines
+
+RETRACTION_FACTOR = 2.0  # the replay must give retractions per minute within this factor of the log's
+USAGE_TOLERANCE = 0.15  # and token usage within this, on average over the window
+BINS = 10
+RETRACTION_VERDICTS = (model.STORM, model.OCCASIONAL, model.COLLAPSE)
+
+
+@dataclass(slots=True)
+class Stats:
+    """What a window of log lines shows (the real log's or a simulation's, read the same way)."""
+
+    retractions_per_min: float
+    usage_mean: float | None
+    queue_mean: float | None
+    throughput_mean: float | None  # gen throughput (token/s) of the Decode lines
+    usage_bins: list[float | None]
+    queue_bins: list[float | None]
+    points: list[tuple[float, float | None, int | None]]  # (seconds into the window, usage, queue)
+
+
+def _mean(xs: list[float]) -> float | None:
+    return statistics.fmean(xs) if xs else None
+
+
+def window_stats(obs: Observed, t0: float, span_s: float) -> Stats:
+    t1 = t0 + span_s
+    decodes = [d for d in obs.decodes if t0 <= d.t <= t1]
+    batch = [(e.t, e.usage, e.queue) for e in (*obs.decodes, *obs.prefills) if t0 <= e.t <= t1]
+    batch.sort(key=lambda p: p[0])
+    retracted = sum(r.count for r in obs.retracts if t0 <= r.t <= t1)
+
+    def binned(values: list[tuple[float, float | None]]) -> list[float | None]:
+        out: list[float | None] = []
+        for b in range(BINS):
+            lo, hi = t0 + span_s * b / BINS, t0 + span_s * (b + 1) / BINS
+            out.append(_mean([v for t, v in values if v is not None and lo <= t < hi]))
+        return out
+
+    return Stats(
+        60.0 * retracted / span_s if span_s > 0 else 0.0,
+        _mean([u for _, u, _ in batch if u is not None]),
+        _mean([float(q) for _, _, q in batch if q is not None]),
+        _mean([d.gen_throughput for d in decodes if d.gen_throughput is not None]),
+        binned([(t, u) for t, u, _ in batch]),
+        binned([(t, float(q) if q is not None else None) for t, _, q in batch]),
+        [(t - t0, u, q) for t, u, q in batch],
+    )
+
+
+@dataclass(slots=True)
+class Scenario:
+    label: str  # "--schedule-conservativeness 1.3"
+    source: str  # "advice" | "user" | "today"
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Outcome:
+    scenario: Scenario
+    verdict: str
+    stats: Stats
+    ttft_p50_ms: float | None
+    ttft_p99_ms: float | None
+    tpot_ms: float | None
+    finished: int
+
+    def row(self) -> dict[str, Any]:
+        s = self.stats
+        return {
+            "what_if": self.scenario.label, "source": self.scenario.source, "verdict": self.verdict,
+            "retractions_per_min": round(s.retractions_per_min, 2),
+            "ttft_p50_ms": _r(self.ttft_p50_ms), "ttft_p99_ms": _r(self.ttft_p99_ms),
+            "tpot_ms": _r(self.tpot_ms), "throughput_tok_s": _r(s.throughput_mean),
+            "kv_usage": _r(s.usage_mean, 3), "queue_mean": _r(s.queue_mean, 1),
+        }  # fmt: skip
+
+
+def _r(x: float | None, digits: int = 1) -> float | None:
+    return round(x, digits) if x is not None else None
+
+
+def _quantile(xs: list[float], q: float) -> float | None:
+    if not xs:
+        return None
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def outcome(rec: Reconstruction, scenario: Scenario, sim: SimRun) -> Outcome:
+    done = [o for o in sim.outcomes if o.success]
+    ttfts = [1000 * o.ttft for o in done]
+    tpots = [1000 * (o.latency - o.ttft) / (o.output_len - 1) for o in done if o.output_len > 1]
+    stats = window_stats(sim.observed, rec.window[0], rec.span_s)
+    verdict = diagnose_lines(sim.window_lines)
+    return Outcome(
+        scenario, verdict, stats, _quantile(ttfts, 0.5), _quantile(ttfts, 0.99), _mean(tpots), len(done)
+    )
+
+
+def advised(rec: Reconstruction, verdict: str) -> list[Scenario]:
+    """The doctor's advice, as flag changes (advice.py: raise conservativeness to 1.3, lower the request
+    cap below the running count at the first retraction)."""
+    if verdict not in RETRACTION_VERDICTS:
+        return []
+    out = [Scenario("--schedule-conservativeness 1.3", "advice", {"schedule_conservativeness": 1.3})]
+    if rec.running_at_first_retraction and rec.running_at_first_retraction > 2:
+        cap = int(rec.running_at_first_retraction * 0.85)  # 15% below it
+        out.append(Scenario(f"--max-running-requests {cap}", "advice", {"max_running_requests": cap}))
+    return out
