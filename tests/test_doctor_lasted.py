@@ -36,7 +36,14 @@ def decode(second: int, running: int, used: int, queued: int, tput: float = 2600
 
 
 def prefill(
-    second: int, new_seq: int, new_token: int, used: int, running: int, queued: int, tput: float, pool: int = POOL
+    second: int,
+    new_seq: int,
+    new_token: int,
+    used: int,
+    running: int,
+    queued: int,
+    tput: float,
+    pool: int = POOL,
 ) -> str:
     return stamp(second) + loglines.PREFILL.render(
         new_seq=new_seq,
@@ -98,10 +105,10 @@ def stall_lines(with_retraction: bool) -> list[str]:
     pool = 87_552
     lines = []
     if with_retraction:
-        lines.append(
-            stamp(0)
-            + loglines.RETRACT.render(num_retracted=1, new_tokens_gained=812, old_ratio=0.0980, new_ratio=0.6512)
+        retract = loglines.RETRACT.render(
+            num_retracted=1, new_tokens_gained=812, old_ratio=0.0980, new_ratio=0.6512
         )
+        lines.append(stamp(0) + retract)
     usage = [0.94, 0.92, 0.89, 0.87, 0.84, 0.82, 0.79, 0.77]
     for s in range(8):
         lines.append(decode(s, 66 - 2 * s, round(usage[s] * pool), 59 + s // 3, 2500.0 - 40 * s, pool))
@@ -182,7 +189,8 @@ def test_a_healthy_queue_for_a_minute_with_a_two_second_spike_says_the_usage_tha
 def test_a_stall_of_a_few_seconds_in_a_healthy_minute_does_not_decide(tmp_path: Path) -> None:
     # 60 s of healthy queue, and 4 s in which nobody is admitted while 10 requests finish: a moment.
     lines = steady(range(0, 30), 0.88, 150)
-    lines += [decode(s, 100 - 3 * (s - 30), round((0.88 - 0.02 * (s - 30)) * POOL), 150) for s in range(30, 34)]
+    for k in range(4):  # 100 → 91 running, usage 0.88 → 0.82, no prefill
+        lines.append(decode(30 + k, 100 - 3 * k, round((0.88 - 0.02 * k) * POOL), 150))
     lines += steady(range(34, 64), 0.88, 150)
     d = run(tmp_path, lines)
     assert d.verdict == "healthy-queue", d.lead.title
