@@ -149,22 +149,7 @@ def lasting_stall(c: Collected) -> Finding | None:
         )
     else:
         lines.append("No prefill ran after it for the rest of the log.")
-    if r.events and r.max_new_ratio is not None:
-        lines.append(
-            f"The retraction pushed the new-token ratio up to {r.max_new_ratio:.4f}; it decays only by a "
-            "small fixed step per decode step (about 0.001 by default, over 600 steps), so until then every "
-            "running request holds back that share of its remaining max_new_tokens and the forecast admits "
-            "nobody although the pool is not full."
-        )
-    else:
-        lines.append(
-            "No retraction line is in this excerpt, but this is what one leaves behind: a retraction "
-            "sets the new-token ratio from the survivors' progress (often 0.3 to 1.0, against a floor of "
-            "0.098), and it decays only by (init − min) / 600 per decode step (about 0.001 by default), so "
-            "for hundreds of decode steps every running request holds back a large share of its remaining "
-            "max_new_tokens and the forecast admits nobody although the pool is not full. Look for 'KV "
-            "cache pool is full. Retract requests.' just before the excerpt."
-        )
+    lines.append(_ratio_line(c))
     when = "after a retraction" if r.events else "after a retraction (before the excerpt)"
     title = (
         f"Admission stalled {when}: no prefill for {seconds(st.seconds)} while {st.queued1:,} requests "
@@ -200,4 +185,24 @@ def lasting_stall(c: Collected) -> Finding | None:
             "admitted_after": lt.admitted_after,
             "retraction_seen": bool(r.events),
         },
+    )
+
+
+def _ratio_line(c: Collected) -> str:
+    """What raised the ratio: the retraction in the log, or one just before the excerpt."""
+    r = c.retract
+    if r.events and r.max_new_ratio is not None:
+        return (
+            f"The retraction pushed the new-token ratio up to {r.max_new_ratio:.4f}; it decays only by a "
+            "small fixed step per decode step (about 0.001 by default, over 600 steps), so until then every "
+            "running request holds back that share of its remaining max_new_tokens and the forecast admits "
+            "nobody although the pool is not full."
+        )
+    return (
+        "No retraction line is in this excerpt, but this is what one leaves behind: a retraction "
+        "sets the new-token ratio from the survivors' progress (often 0.3 to 1.0, against a floor of "
+        "0.098), and it decays only by (init − min) / 600 per decode step (about 0.001 by default), so "
+        "for hundreds of decode steps every running request holds back a large share of its remaining "
+        "max_new_tokens and the forecast admits nobody although the pool is not full. Look for 'KV "
+        "cache pool is full. Retract requests.' just before the excerpt."
     )
