@@ -27,43 +27,55 @@ STALL_MAX_USAGE = 0.9
 _MAX_TOKEN_SIZES = 64  # distinct #new-token values counted (the budget is one of the commonest)
 
 
-@dataclass
 class Stretch:
-    """Waiting with no prefill: from its first sample to the prefill (or last sample) that ends it."""
+    """Waiting with no prefill: from its first sample to the prefill (or last sample) that ends it. The
+    latest sample is kept as it came (no copies on the path every batch line takes)."""
 
-    t0: float
-    first: Quote
-    queued0: int
-    running0: int | None
-    usage0: float | None
-    t1: float = 0.0
-    last: Quote | None = None
-    queued1: int = 0
-    running1: int | None = None
-    usage1: float | None = None
-    top_usage: tuple[float, Quote] | None = None
-    samples: int = 0
-    ended_by: Quote | None = None  # the prefill that ended it
+    __slots__ = ("first", "last", "last_q", "samples", "t0", "t1", "top", "top_q")
+
+    def __init__(self, s: Sample, q: Quote, t: float) -> None:
+        self.t0 = self.t1 = t
+        self.first: Sample = s
+        self.last: Sample = s
+        self.last_q: Quote = q
+        self.samples = 1
+        self.top = s.usage if s.usage is not None else -1.0  # the fullest moment in it
+        self.top_q: Quote = q
 
     @property
     def seconds(self) -> float:
         return self.t1 - self.t0
 
+    @property
+    def queued0(self) -> int:
+        return self.first.queued or 0
+
+    @property
+    def queued1(self) -> int:
+        return self.last.queued or 0
+
+    @property
+    def running0(self) -> int | None:
+        return self.first.running
+
+    @property
+    def running1(self) -> int | None:
+        return self.last.running
+
+    @property
+    def usage1(self) -> float | None:
+        return self.last.usage
+
     def stalled(self) -> bool:
-        if self.seconds < STALL_MIN_S or self.samples < 2 or self.usage1 is None:
+        end = self.last.usage
+        if self.seconds < STALL_MIN_S or self.samples < 2 or end is None or end >= STALL_MAX_USAGE:
             return False
-        if self.usage1 >= STALL_MAX_USAGE:
-            return False
-        fell_running = (
-            self.running0 is not None
-            and self.running1 is not None
-            and self.running0 - self.running1 >= max(2, WAITING_SHARE_OF_RUNNING * self.running0)
-        )
-        top = self.top_usage[0] if self.top_usage else self.usage1
-        return fell_running or top - self.usage1 >= 0.05
+        r0, r1 = self.first.running, self.last.running
+        fell_running = r0 is not None and r1 is not None and r0 - r1 >= max(2, WAITING_SHARE_OF_RUNNING * r0)
+        return fell_running or max(self.top, end) - end >= 0.05
 
 
-@dataclass
+@dataclass(slots=True)
 class LastedTracker:
     timed_s: float = 0.0  # seconds covered by samples with a queue size
     waiting_s: float = 0.0
@@ -87,33 +99,95 @@ class LastedTracker:
     waiting_prefills: int = 0
     waiting_lines: int = 0
     new_tokens: dict[int, tuple[int, Quote]] = field(default_factory=dict)  # #new-token → (batches, first)
-    first_wait: tuple[float | None, int, float | None, Quote] | None = None  # (t, queued, usage)
-    last_wait: tuple[float | None, int, float | None, Quote] | None = None
+    _first_wait: tuple[Sample, Quote] | None = None
+    _last_wait: Sample | None = None
+    _last_wait_q: Quote | None = None
 
     def sample(self, s: Sample, q: Quote) -> None:
+        # Called for every batch line of a big log: plain comparisons; calls only for prefill lines and
+        # where something changes (a new stamp, a stretch opening or closing).
         queued = s.queued
         if queued is None:
             return
-        waiting = queued > 0 and queued >= WAITING_SHARE_OF_RUNNING * (s.running or 0)
         t = s.t
-        usage = s.usage
         if t is None:
             self.untimed += 1
-        else:
-            if self._t is None:
-                self._t = t
-            elif t > self._t:
-                self._flush(t - self._t)
-                self._t = t
-            self._n += 1
-            if waiting and usage is not None:
-                self._bins.append(min(max(round(usage * 100), 0), USAGE_BINS - 1))
-            elif waiting:
-                self._bins.append(-1)
+        elif t != self._t:
+            self._stamp(t)
+        waiting = queued > 0 and queued >= WAITING_SHARE_OF_RUNNING * (s.running or 0)
+        kind = s.kind
         if waiting:
-            self._burst(s, q, t, queued, usage)
-        if t is not None and (s.kind == "decode" or s.kind == "prefill"):  # SGLang's lines show prefills
-            self._stretch(s, q, t, waiting, queued, usage)
+            if t is not None:
+                self._n += 1
+                usage = s.usage
+                self._bins.append(-1 if usage is None else int(usage * 100 + 0.5))  # clamped when shared
+            self.waiting_lines += 1
+            if self._first_wait is None:
+                self._first_wait = (s, q)
+            self._last_wait, self._last_wait_q = s, q
+        elif t is not None:
+            self._n += 1
+        if kind == "prefill":
+            self._prefill(s, q, t, waiting)
+        elif kind == "decode" and t is not None:
+            st = self.open
+            if not waiting:
+                if st is not None:
+                    self._close()
+            elif st is None:
+                self.open = Stretch(s, q, t)
+            else:  # SGLang's decode lines say when nobody is admitted: vLLM's and scrapes do not
+                st.t1, st.last, st.last_q = t, s, q
+                st.samples += 1
+                usage = s.usage
+                if usage is not None and usage > st.top:
+                    st.top, st.top_q = usage, q
+
+    def _stamp(self, t: float) -> None:
+        """A new timestamp: the samples of the one before share the time up to it."""
+        if self._t is None:
+            self._t = t
+        elif t > self._t:
+            self._flush(t - self._t)
+            self._t = t
+
+    def _prefill(self, s: Sample, q: Quote, t: float | None, waiting: bool) -> None:
+        if waiting and s.new_token is not None:
+            self._prefill_size(s.new_token, q)
+        if t is None:
+            return
+        st = self.open
+        if st is not None:
+            st.t1 = max(st.t1, t)
+            self._close()
+        if self._counting_after:  # the admission that follows the longest stall
+            self.prefills_after += 1
+            self.admitted_after += s.new_seq or 0
+            self.first_after = self.first_after or q
+
+    def _prefill_size(self, new_token: int, q: Quote) -> None:
+        self.waiting_prefills += 1
+        sizes = self.new_tokens
+        seen = sizes.get(new_token)
+        if seen is not None:
+            sizes[new_token] = (seen[0] + 1, seen[1])
+        elif len(sizes) < _MAX_TOKEN_SIZES:
+            sizes[new_token] = (1, q)
+
+    @property
+    def first_wait(self) -> tuple[float | None, int, float | None, Quote] | None:
+        """(time, queue, usage, quoted line) of the first sample in which requests waited."""
+        if self._first_wait is None:
+            return None
+        s, q = self._first_wait
+        return s.t, s.queued or 0, s.usage, q
+
+    @property
+    def last_wait(self) -> tuple[float | None, int, float | None, Quote] | None:
+        s, q = self._last_wait, self._last_wait_q
+        if s is None or q is None:
+            return None
+        return s.t, s.queued or 0, s.usage, q
 
     def _flush(self, gap: float) -> None:
         """Share the time until the next stamp among the samples of this one."""
@@ -121,10 +195,11 @@ class LastedTracker:
             return
         each = min(gap, GAP_CAP_S) / self._n
         self.timed_s += each * self._n
+        top = USAGE_BINS - 1
         for b in self._bins:
             self.waiting_s += each
             if b >= 0:
-                self.usage_s[b] += each
+                self.usage_s[b if b < top else top] += each
         self._n = 0
         self._bins.clear()
 
@@ -135,40 +210,13 @@ class LastedTracker:
         self._done = True
         self._flush(1.0 if whole_seconds else 0.0)
         if self.open is not None:
-            self._close(None)
+            self._close()
 
-    # -- waiting with no prefill -------------------------------------------------------------------
-
-    def _stretch(
-        self, s: Sample, q: Quote, t: float, waiting: bool, queued: int, usage: float | None
-    ) -> None:
-        st = self.open
-        if s.kind == "prefill":
-            if st is not None:
-                st.t1 = max(st.t1, t)
-                self._close(q)
-            if self._counting_after:  # the admission that follows the longest stall
-                self.prefills_after += 1
-                self.admitted_after += s.new_seq or 0
-                self.first_after = self.first_after or q
-            return
-        if not waiting:
-            if st is not None:
-                self._close(None)
-            return
-        if st is None:
-            st = self.open = Stretch(t, q, queued, s.running, usage)
-        st.t1, st.last, st.queued1, st.running1, st.usage1 = t, q, queued, s.running, usage
-        st.samples += 1
-        if usage is not None and (st.top_usage is None or usage > st.top_usage[0]):
-            st.top_usage = (usage, q)
-
-    def _close(self, prefill: Quote | None) -> None:
+    def _close(self) -> None:
         st = self.open
         self.open = None
         if st is None:
             return
-        st.ended_by = prefill
         if not st.stalled():
             return
         self.stalls += 1
@@ -178,23 +226,6 @@ class LastedTracker:
             self.prefills_after = self.admitted_after = 0
             self.first_after = None
             self._counting_after = True
-
-    # -- the prefill-bound burst -------------------------------------------------------------------
-
-    def _burst(self, s: Sample, q: Quote, t: float | None, queued: int, usage: float | None) -> None:
-        self.waiting_lines += 1
-        entry = (t, queued, usage, q)
-        if self.first_wait is None:
-            self.first_wait = entry
-        self.last_wait = entry
-        if s.kind == "prefill" and s.new_token is not None:
-            self.waiting_prefills += 1
-            sizes = self.new_tokens
-            seen = sizes.get(s.new_token)
-            if seen is not None:
-                sizes[s.new_token] = (seen[0] + 1, seen[1])
-            elif len(sizes) < _MAX_TOKEN_SIZES:
-                sizes[s.new_token] = (1, q)
 
     # -- answers -------------------------------------------------------------------------------------
 

@@ -129,8 +129,8 @@ def lasting_stall(c: Collected) -> Finding | None:
         return None
     lasted = lt.stalled_s >= STALL_SHARE * span
     r = c.retract
-    top = st.top_usage[0] if st.top_usage else st.usage1
     u1 = st.usage1 if st.usage1 is not None else 0.0
+    top = max(st.top, u1)
     running = (
         f"#running-req fell {st.running0:,} → {st.running1:,}"
         if st.running0 is not None and st.running1 is not None and st.running1 < st.running0
@@ -158,8 +158,8 @@ def lasting_stall(c: Collected) -> Finding | None:
     evidence = unique(
         [
             r.biggest_jump[3] if r.biggest_jump else None,
-            st.top_usage[1] if st.top_usage else st.first,
-            st.last,
+            st.top_q,
+            st.last_q,
             lt.first_after,
         ]
     )
