@@ -44,7 +44,11 @@ def lasted_words(part: float, whole: float | None) -> str:
     """'for 7.1 s of the 9.0 s excerpt' (the excerpt's span when known)."""
     if whole is None or whole <= 0:
         return f"for {seconds(part)}"
-    return f"for {seconds(min(part, whole))} of the {seconds(whole)} excerpt"
+    part = min(part, whole)
+    if whole < 90:
+        return f"for {seconds(part)} of the {seconds(whole)} excerpt"
+    unit, scale = ("min", 60) if whole < 5400 else ("h", 3600)  # both in the whole's unit
+    return f"for {part / scale:.1f} {unit} of the {whole / scale:.1f} {unit} excerpt"
 
 
 # -- the prefill-bound burst ---------------------------------------------------------------------------
