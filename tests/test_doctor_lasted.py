@@ -121,8 +121,11 @@ def test_an_admission_stall_after_a_retraction_outside_the_excerpt_is_called_one
     d = run(tmp_path, stall_lines(with_retraction=False))
     assert d.verdict == "retraction-occasional", d.lead.title
     assert d.lead.kind == "admission-stall"
-    # No prefill from 16:20:00 to the prefill at 16:20:07; the excerpt runs 16:20:00–16:20:08, 9 s.
-    assert "for 7.0 s of the 9.0 s excerpt" in d.lead.title
+    # No prefill from 16:20:00 to the prefill at 16:20:07; then one request of the 14 that finished is
+    # admitted and at 16:20:08 usage is still 0.78 with 60 waiting: stalled until 16:20:08, 8 s of the
+    # excerpt's 9 (16:20:00–16:20:08, whole-second stamps).
+    assert "no prefill for 7.0 s" in d.lead.title
+    assert "for 8.0 s of the 9.0 s excerpt" in d.lead.title
     assert "0.94 → 0.77" in d.lead.title
     assert d.lead.numbers["retraction_seen"] is False
     assert any("No retraction line is in this excerpt" in line for line in d.lead.explanation)

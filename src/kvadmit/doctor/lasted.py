@@ -10,7 +10,9 @@ hole, or an idle server that prints nothing) count GAP_CAP_S. From that:
 * *stretches*: intervals while requests wait and no prefill runs (the scheduler admits nobody). A stretch
   *stalls* when it lasts at least STALL_MIN_S and requests finish in it (the running count or the usage
   falls) with usage under STALL_MAX_USAGE: room frees up and still nobody is admitted, so the forecast
-  holds back far more than the running requests use (a raised new-token ratio, docs/sglang-rules.md §2);
+  holds back far more than the running requests use (a raised new-token ratio, docs/sglang-rules.md §2).
+  The stall goes on through the trickle of admission after it while requests still wait, usage stays
+  STALL_TRICKLE_GAP under where the stretch began and fewer are admitted than finished in the stretch;
 * a *prefill-bound burst*: the prefill batches while requests wait, by #new-token (to tell batches cut at
   the chunked-prefill budget), and the queue and usage at the first and last waiting sample.
 """
@@ -23,7 +25,8 @@ from kvadmit.doctor.trackers import USAGE_BINS, WAITING_SHARE_OF_RUNNING, Quote,
 
 GAP_CAP_S = 60.0
 STALL_MIN_S = 3.0
-STALL_MAX_USAGE = 0.9
+STALL_MAX_USAGE = 0.85  # "well below full": the pool the forecast fills runs at 0.9 and more
+STALL_TRICKLE_GAP = 0.05  # after a stall, usage this far under its top: the freed room is not refilled
 _MAX_TOKEN_SIZES = 64  # distinct #new-token values counted (the budget is one of the commonest)
 
 
@@ -88,7 +91,12 @@ class LastedTracker:
     _done: bool = False
     # stretches of waiting with no prefill
     open: Stretch | None = None
-    stalled_s: float = 0.0
+    stalled_s: float = 0.0  # stretches that stalled and the trickle after them, overlaps counted once
+    trickle_s: float = 0.0
+    _stalled_until: float = float("-inf")
+    _trickle_below: float | None = None  # after a stall: usage under this while requests wait
+    _trickle_t: float = 0.0
+    _owed: int = 0
     stalls: int = 0
     longest: Stretch | None = None
     prefills_after: int = 0  # after the longest stall: prefill batches, requests, first quoted
@@ -127,6 +135,8 @@ class LastedTracker:
             self._last_wait, self._last_wait_q = s, q
         elif t is not None:
             self._n += 1
+        if self._trickle_below is not None and t is not None and kind != "vllm" and kind != "metrics":
+            self._trickle(s, t, waiting)
         if kind == "prefill":
             self._prefill(s, q, t, waiting)
         elif kind == "decode" and t is not None:
@@ -212,6 +222,26 @@ class LastedTracker:
         if self.open is not None:
             self._close()
 
+    def _trickle(self, s: Sample, t: float, waiting: bool) -> None:
+        """After a stall, admission resumes at a trickle: the stall lasts while requests still wait, the pool
+        stays under where it stood, and fewer have been admitted than finished during the stall."""
+        usage = s.usage
+        if waiting and usage is not None and self._trickle_below is not None and usage < self._trickle_below:
+            self.trickle_s += self._count_stalled(self._trickle_t, t)
+            self._trickle_t = t
+            if s.kind == "prefill":
+                self._owed -= s.new_seq or 0
+                if self._owed > 0:
+                    return
+        self._trickle_below = None
+
+    def _count_stalled(self, a: float, b: float) -> float:
+        """Add [a, b] to the stalled time, less what is counted already; returns what it added."""
+        added = max(0.0, b - max(a, self._stalled_until))
+        self.stalled_s += added
+        self._stalled_until = max(self._stalled_until, b)
+        return added
+
     def _close(self) -> None:
         st = self.open
         self.open = None
@@ -220,7 +250,12 @@ class LastedTracker:
         if not st.stalled():
             return
         self.stalls += 1
-        self.stalled_s += st.seconds
+        self._count_stalled(st.t0, st.t1)
+        end = st.last.usage or 0.0
+        below = min(max(st.top, end) - STALL_TRICKLE_GAP, STALL_MAX_USAGE)
+        self._trickle_below, self._trickle_t = below, st.t1
+        r0, r1 = st.first.running, st.last.running
+        self._owed = max((r0 or 0) - (r1 or 0), 1)  # the requests that finished and were not replaced
         if self.longest is None or st.seconds > self.longest.seconds:
             self.longest = st
             self.prefills_after = self.admitted_after = 0

@@ -147,9 +147,14 @@ def lasting_stall(c: Collected) -> Finding | None:
         f"and nobody was admitted. Admission stood still {lasted_words(lt.stalled_s, span)}{many}.",
     ]
     if lt.prefills_after:
+        still = (
+            f"; usage stayed well under {top:.2f} for {seconds(lt.trickle_s)} more while requests waited"
+            if lt.trickle_s > 0
+            else ""
+        )
         lines.append(
             f"Then admission resumed at a trickle: {lt.prefills_after:,} prefill batches admitted "
-            f"{lt.admitted_after:,} requests in the rest of the log."
+            f"{lt.admitted_after:,} requests in the rest of the log{still}."
         )
     else:
         lines.append("No prefill ran after it for the rest of the log.")
@@ -177,6 +182,7 @@ def lasting_stall(c: Collected) -> Finding | None:
         advice.stall_after_retraction(st.running0),
         {
             "stalled_s": round(lt.stalled_s, 3),
+            "trickle_s": round(lt.trickle_s, 3),
             "span_s": span,
             "longest_s": round(st.seconds, 3),
             "queued_before": st.queued0,
