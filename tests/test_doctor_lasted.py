@@ -198,3 +198,27 @@ def test_a_stall_of_a_few_seconds_in_a_healthy_minute_does_not_decide(tmp_path: 
     d = run(tmp_path, lines)
     assert d.verdict == "healthy-queue", d.lead.title
     assert not any(f.kind == "admission-stall" for f in d.findings)
+
+
+def test_the_stall_goes_on_through_a_trickle_of_admission(tmp_path: Path) -> None:
+    # The stall above, then ten more seconds in which one request is admitted every third second: with
+    # the one at 16:20:07, 5 of the 14 that finished are replaced; usage stays at 0.78–0.79, 60 waiting. No prefill for 7 s is
+    # only 7 of the 19 s; the stall, trickle included, lasts from 16:20:00 to the last line at 16:20:18.
+    pool = 87_552
+    lines = stall_lines(with_retraction=False)
+    for s in range(9, 19):
+        lines.append(decode(s, 53 + (s - 7) // 3, round(0.78 * pool) + 40 * s, 60, 2000.0, pool))
+        if s % 3 == 0:
+            lines.append(prefill(s, 1, 351, round(0.79 * pool), 53 + (s - 7) // 3, 60, 117.0, pool))
+    d = run(tmp_path, lines)
+    assert d.verdict == "retraction-occasional" and d.lead.kind == "admission-stall", d.lead.title
+    assert "for 18.0 s of the 19.0 s excerpt" in d.lead.title
+    assert d.lead.numbers["prefills_after"] == 5 and d.lead.numbers["admitted_after"] == 5
+
+
+def test_a_burst_at_a_default_chunk_size_without_the_startup_line_is_a_healthy_queue(tmp_path: Path) -> None:
+    # The excerpt lacks the start-up line: 8,192 is one of the chunk sizes SGLang picks by GPU memory.
+    lines = [prefill(k // 5, 8, 8192, 8192 * k + 8192, 8 * k, 182 - 8 * k, 55_000.0) for k in range(8)]
+    d = run(tmp_path, lines)
+    assert d.verdict == "healthy-queue" and d.lead.kind == "prefill-bound-burst", d.lead.title
+    assert "queue 182 → 126" in d.lead.title

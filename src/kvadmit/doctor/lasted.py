@@ -231,8 +231,8 @@ class LastedTracker:
             self._trickle_t = t
             if s.kind == "prefill":
                 self._owed -= s.new_seq or 0
-                if self._owed > 0:
-                    return
+            if self._owed > 0:
+                return
         self._trickle_below = None
 
     def _count_stalled(self, a: float, b: float) -> float:
