@@ -202,8 +202,9 @@ def test_a_stall_of_a_few_seconds_in_a_healthy_minute_does_not_decide(tmp_path: 
 
 def test_the_stall_goes_on_through_a_trickle_of_admission(tmp_path: Path) -> None:
     # The stall above, then ten more seconds in which one request is admitted every third second: with
-    # the one at 16:20:07, 5 of the 14 that finished are replaced; usage stays at 0.78–0.79, 60 waiting. No prefill for 7 s is
-    # only 7 of the 19 s; the stall, trickle included, lasts from 16:20:00 to the last line at 16:20:18.
+    # the one at 16:20:07, 5 of the 14 that finished are replaced; usage stays at 0.78–0.79, 60 waiting.
+    # No prefill for 7 s is only 7 of the 19 s; the stall, trickle included, lasts from 16:20:00 to the
+    # last line at 16:20:18.
     pool = 87_552
     lines = stall_lines(with_retraction=False)
     for s in range(9, 19):
