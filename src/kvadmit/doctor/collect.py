@@ -258,8 +258,10 @@ class Collector:
         """One observation of a scheduler (also used for metrics scrapes). Called for most lines of a big
         log, so the trackers that only matter after a retraction are not called before one."""
         c = self.c
-        c.queue.add(s, q, self._after_retraction)
-        c.lasted.sample(s, q)
+        if c.queue.add(s, q, self._after_retraction):
+            c.lasted.sample(s, q, True)
+        elif s.queued is not None:
+            c.lasted.sample(s, q, False)
         kind = s.kind
         prefill = kind == "prefill"
         if prefill:

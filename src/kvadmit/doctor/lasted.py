@@ -34,20 +34,21 @@ class Stretch:
     """Waiting with no prefill: from its first sample to the prefill (or last sample) that ends it. The
     latest sample is kept as it came (no copies on the path every batch line takes)."""
 
-    __slots__ = ("first", "last", "last_q", "samples", "t0", "t1", "top", "top_q")
+    __slots__ = ("end", "first", "last", "last_q", "t0", "top", "top_q")
 
     def __init__(self, s: Sample, q: Quote, t: float) -> None:
-        self.t0 = self.t1 = t
+        self.t0 = t
+        self.end: float | None = None  # the prefill that ended it, when one did
         self.first: Sample = s
         self.last: Sample = s
         self.last_q: Quote = q
-        self.samples = 1
         self.top = s.usage if s.usage is not None else -1.0  # the fullest moment in it
         self.top_q: Quote = q
 
     @property
     def seconds(self) -> float:
-        return self.t1 - self.t0
+        end = self.end if self.end is not None else self.last.t
+        return (end or self.t0) - self.t0
 
     @property
     def queued0(self) -> int:
@@ -71,7 +72,7 @@ class Stretch:
 
     def stalled(self) -> bool:
         end = self.last.usage
-        if self.seconds < STALL_MIN_S or self.samples < 2 or end is None or end >= STALL_MAX_USAGE:
+        if self.seconds < STALL_MIN_S or self.last is self.first or end is None or end >= STALL_MAX_USAGE:
             return False
         r0, r1 = self.first.running, self.last.running
         fell_running = r0 is not None and r1 is not None and r0 - r1 >= max(2, WAITING_SHARE_OF_RUNNING * r0)
@@ -111,44 +112,43 @@ class LastedTracker:
     _last_wait: Sample | None = None
     _last_wait_q: Quote | None = None
 
-    def sample(self, s: Sample, q: Quote) -> None:
-        # Called for every batch line of a big log: plain comparisons; calls only for prefill lines and
-        # where something changes (a new stamp, a stretch opening or closing).
-        queued = s.queued
-        if queued is None:
-            return
+    def sample(self, s: Sample, q: Quote, waiting: bool) -> None:
+        """A sample with a queue size; `waiting` as QueueStats judged it. Called for every batch line of a
+        big log: plain comparisons; calls only for prefill lines and where something changes (a new stamp,
+        a stretch opening or closing)."""
         t = s.t
         if t is None:
             self.untimed += 1
-        elif t != self._t:
-            self._stamp(t)
-        waiting = queued > 0 and queued >= WAITING_SHARE_OF_RUNNING * (s.running or 0)
+        else:
+            if t != self._t:
+                self._stamp(t)
+            self._n += 1
         kind = s.kind
         if waiting:
             if t is not None:
-                self._n += 1
                 usage = s.usage
                 self._bins.append(-1 if usage is None else int(usage * 100 + 0.5))  # clamped when shared
             self.waiting_lines += 1
             if self._first_wait is None:
                 self._first_wait = (s, q)
             self._last_wait, self._last_wait_q = s, q
-        elif t is not None:
-            self._n += 1
-        if self._trickle_below is not None and t is not None and kind != "vllm" and kind != "metrics":
+        if t is None:
+            if waiting and kind == "prefill" and s.new_token is not None:
+                self._prefill_size(s.new_token, q)
+            return
+        if self._trickle_below is not None and kind != "vllm" and kind != "metrics":
             self._trickle(s, t, waiting)
         if kind == "prefill":
             self._prefill(s, q, t, waiting)
-        elif kind == "decode" and t is not None:
+        elif kind == "decode":  # SGLang's decode lines say when nobody is admitted: vLLM's and scrapes do not
             st = self.open
             if not waiting:
                 if st is not None:
                     self._close()
             elif st is None:
                 self.open = Stretch(s, q, t)
-            else:  # SGLang's decode lines say when nobody is admitted: vLLM's and scrapes do not
-                st.t1, st.last, st.last_q = t, s, q
-                st.samples += 1
+            else:
+                st.last, st.last_q = s, q
                 usage = s.usage
                 if usage is not None and usage > st.top:
                     st.top, st.top_q = usage, q
@@ -161,14 +161,12 @@ class LastedTracker:
             self._flush(t - self._t)
             self._t = t
 
-    def _prefill(self, s: Sample, q: Quote, t: float | None, waiting: bool) -> None:
+    def _prefill(self, s: Sample, q: Quote, t: float, waiting: bool) -> None:
         if waiting and s.new_token is not None:
             self._prefill_size(s.new_token, q)
-        if t is None:
-            return
         st = self.open
         if st is not None:
-            st.t1 = max(st.t1, t)
+            st.end = t
             self._close()
         if self._counting_after:  # the admission that follows the longest stall
             self.prefills_after += 1
@@ -250,10 +248,11 @@ class LastedTracker:
         if not st.stalled():
             return
         self.stalls += 1
-        self._count_stalled(st.t0, st.t1)
+        t1 = st.t0 + st.seconds
+        self._count_stalled(st.t0, t1)
         end = st.last.usage or 0.0
         below = min(max(st.top, end) - STALL_TRICKLE_GAP, STALL_MAX_USAGE)
-        self._trickle_below, self._trickle_t = below, st.t1
+        self._trickle_below, self._trickle_t = below, t1
         r0, r1 = st.first.running, st.last.running
         self._owed = max((r0 or 0) - (r1 or 0), 1)  # the requests that finished and were not replaced
         if self.longest is None or st.seconds > self.longest.seconds:
