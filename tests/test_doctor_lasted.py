@@ -128,6 +128,7 @@ def test_an_admission_stall_after_a_retraction_outside_the_excerpt_is_called_one
     assert "for 8.0 s of the 9.0 s excerpt" in d.lead.title
     assert "0.94 → 0.77" in d.lead.title
     assert d.lead.numbers["retraction_seen"] is False
+    assert not any(f.verdict == "healthy-queue" for f in d.findings)  # not "nothing is stuck" beside it
     assert any("No retraction line is in this excerpt" in line for line in d.lead.explanation)
     quoted = "\n".join(q.text for q in d.lead.evidence)
     assert "token usage: 0.94" in quoted and "token usage: 0.77" in quoted

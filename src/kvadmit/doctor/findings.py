@@ -56,7 +56,8 @@ def log_findings(c: Collected, pool_from_metrics: float | None = None) -> list[F
         found.append(waiting_idle)
     _add_stall(found, lasting_stall(c))
     verdicts = {f.verdict for f in found}
-    if not verdicts & {STORM, IDLE_POOL} and c.queue.with_queue_info:
+    stalled = any(f.kind == "admission-stall" and f.verdict for f in found)  # then the queue is not healthy
+    if not verdicts & {STORM, IDLE_POOL} and not stalled and c.queue.with_queue_info:
         found.append(burst if burst is not None else _healthy(c, pool, note, arithmetic))
     return found
 

@@ -40,6 +40,10 @@ def seconds(x: float) -> str:
     return f"{x:.1f} s" if x < 90 else duration(x)
 
 
+def _count(k: int, noun: str, plural: str = "s") -> str:
+    return f"{k:,} {noun}" if k == 1 else f"{k:,} {noun}{plural}"
+
+
 def lasted_words(part: float, whole: float | None) -> str:
     """'for 7.1 s of the 9.0 s excerpt' (the excerpt's span when known)."""
     if whole is None or whole <= 0:
@@ -153,8 +157,8 @@ def lasting_stall(c: Collected) -> Finding | None:
             else ""
         )
         lines.append(
-            f"Then admission resumed at a trickle: {lt.prefills_after:,} prefill batches admitted "
-            f"{lt.admitted_after:,} requests in the rest of the log{still}."
+            f"Then admission resumed at a trickle: {_count(lt.prefills_after, 'prefill batch', 'es')} "
+            f"admitted {_count(lt.admitted_after, 'request')} in the rest of the log{still}."
         )
     else:
         lines.append("No prefill ran after it for the rest of the log.")
