@@ -224,3 +224,16 @@ def test_a_burst_at_a_default_chunk_size_without_the_startup_line_is_a_healthy_q
     d = run(tmp_path, lines)
     assert d.verdict == "healthy-queue" and d.lead.kind == "prefill-bound-burst", d.lead.title
     assert "queue 182 → 126" in d.lead.title
+
+
+def test_a_queue_for_two_seconds_of_a_quiet_minute_is_not_an_idle_pool(tmp_path: Path) -> None:
+    # 62 s at usage 0.30 with nobody waiting, except 2 s in which 40 arrivals queue (40 ≥ a tenth of the
+    # 100 running) and are then admitted: requests waited for 2 of the 62 s, a moment.
+    lines = []
+    for s in range(62):
+        queued = 40 if s in (30, 31) else 0
+        lines.append(decode(s, 100, round(0.30 * POOL), queued, 3000.0))
+    lines.insert(33, prefill(31, 40, 40 * 512, round(0.32 * POOL), 100, 0, 20_000.0))
+    d = run(tmp_path, lines)
+    assert d.verdict == "healthy-queue", d.lead.title
+    assert "requests waited only for 2.0 s of the 62.0 s excerpt" in d.lead.title

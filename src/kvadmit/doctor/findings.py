@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from kvadmit.doctor import advice, explain
 from kvadmit.doctor.collect import Collected
-from kvadmit.doctor.lasted_rules import lasted_words, lasting_stall, prefill_bound_burst
+from kvadmit.doctor.lasted_rules import lasting_stall, of_log, prefill_bound_burst, waiting_was_a_moment
 from kvadmit.doctor.model import (
     COLLAPSE,
     HEALTHY_QUEUE,
@@ -83,7 +83,8 @@ def _add_stall(found: list[Finding], lasting: Finding | None) -> None:
 def _healthy(c: Collected, pool: int | None, note: str, arithmetic: list[str] | None) -> Finding:
     q = c.queue
     retraction = "" if not c.retract.events else ", apart from the retraction noted below"
-    if q.waiting == 0:
+    moment = q.waiting > 0 and waiting_was_a_moment(c)
+    if q.waiting == 0 or moment:
         max_q = q.max_queue[0] if q.max_queue else 0
         top = q.max_usage
         usage = f", token usage up to {top[0]:.2f}" if top else ""
@@ -92,7 +93,15 @@ def _healthy(c: Collected, pool: int | None, note: str, arithmetic: list[str] | 
             f"Every arrival is admitted at once{retraction}: the queue never builds beside the running "
             "batch, so admission is not holding anyone back."
         ]
-        if max_q:
+        if moment:
+            waited = of_log(c, c.lasted.waiting_s)
+            title = f"Healthy: requests waited only {waited} (#queue-req at most {max_q:,}{usage})"
+            lines = [
+                f"Arrivals are admitted{retraction}: a queue built beside the running batch only "
+                f"{waited}, so that moment is not the state that lasted; admission is not holding "
+                "requests back."
+            ]
+        elif max_q:
             lines.append(
                 f"A queue of {max_q:,} beside the running batch is requests that arrived between two "
                 "scheduling passes."
@@ -120,7 +129,7 @@ def _healthy(c: Collected, pool: int | None, note: str, arithmetic: list[str] | 
     if lt.timed and low is not None and top is not None:
         # The usage that lasted (10th to 90th percentile over the time they waited), not the fullest moment.
         usage = f"{low:.2f}" if low == top else f"{low:.2f}–{top:.2f}"
-        waited = lasted_words(lt.waiting_s, c.span_s)
+        waited = of_log(c, lt.waiting_s)
         title += f" (token usage {usage} while they wait, {waited})"
         lines.append(
             f"Requests waited {waited}; over that time token usage was {usage} (the 10th to 90th "

@@ -6,9 +6,12 @@ retraction (seen or not), and how long a state held, in words.
   (--chunked-prefill-size or --max-prefill-tokens, or a default when the start-up line is not in the log),
   the queue falls and token usage rises: requests wait for prefill compute, not for room in the pool;
 * an *admission stall*: stretches of waiting with no prefill while requests finish (lasted.Stretch) that
-  add up to at least STALL_SHARE of the log's span (STALL_NOTE_SHARE: a note). A retraction leaves
-  exactly this behind (it sets the new-token ratio high and the ratio decays by a small fixed step per
-  decode step, docs/sglang-rules.md §2), so it is read as one even when its line is outside the excerpt.
+  add up to at least STALL_SHARE of the time the batch lines cover (STALL_NOTE_SHARE: a note). A
+  retraction leaves exactly this behind (it sets the new-token ratio high and the ratio decays by a small
+  fixed step per decode step, docs/sglang-rules.md §2), so it is read as one even when its line is outside
+  the excerpt;
+* requests that wait for less than WAIT_SHARE of that time wait for a moment: no idle pool, and a healthy
+  verdict that says so.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from kvadmit.doctor.trackers import Quote, unique
 # a note beside the verdict; for less, a moment.
 STALL_SHARE = 0.5
 STALL_NOTE_SHARE = 0.3
+WAIT_SHARE = 0.25  # requests waiting for less of the time than this: a moment, not the state that lasted
 BURST_AT_BUDGET = 0.75
 # Chunked-prefill sizes SGLang picks by GPU memory, and the default --max-prefill-tokens (§6).
 _DEFAULT_BUDGETS = ((2048, 4096, 8192, 16384), 16384)
@@ -44,15 +48,28 @@ def _count(k: int, noun: str, plural: str = "s") -> str:
     return f"{k:,} {noun}" if k == 1 else f"{k:,} {noun}{plural}"
 
 
-def lasted_words(part: float, whole: float | None) -> str:
-    """'for 7.1 s of the 9.0 s excerpt' (the excerpt's span when known)."""
+def lasted_words(part: float, whole: float | None, what: str = "excerpt") -> str:
+    """'for 7.1 s of the 9.0 s excerpt', both in the unit of the whole."""
     if whole is None or whole <= 0:
         return f"for {seconds(part)}"
     part = min(part, whole)
     if whole < 90:
-        return f"for {seconds(part)} of the {seconds(whole)} excerpt"
-    unit, scale = ("min", 60) if whole < 5400 else ("h", 3600)  # both in the whole's unit
-    return f"for {part / scale:.1f} {unit} of the {whole / scale:.1f} {unit} excerpt"
+        return f"for {seconds(part)} of the {seconds(whole)} {what}"
+    unit, scale = ("min", 60) if whole < 5400 else ("h", 3600)
+    return f"for {part / scale:.1f} {unit} of the {whole / scale:.1f} {unit} {what}"
+
+
+def of_log(c: Collected, part: float) -> str:
+    """How long of the time the batch lines cover: the excerpt's span, less long silences (a server with
+    nothing to run prints no batch line; lasted.GAP_CAP_S)."""
+    whole, span = c.lasted.timed_s, c.span_s
+    return lasted_words(part, whole, "excerpt" if span and whole >= 0.9 * span else "of batch lines")
+
+
+def waiting_was_a_moment(c: Collected) -> bool:
+    """Requests waited for less than WAIT_SHARE of the time: the queue is not the state that lasted."""
+    lt = c.lasted
+    return lt.timed and lt.waiting_s < WAIT_SHARE * lt.timed_s
 
 
 # -- the prefill-bound burst ---------------------------------------------------------------------------
@@ -104,7 +121,7 @@ def prefill_bound_burst(c: Collected) -> Finding | None:
         "Low usage here is the burst not yet prefilled, not an idle pool.",
     ]
     if lt.timed:
-        lines.append(f"Requests waited {lasted_words(lt.waiting_s, c.span_s)}.")
+        lines.append(f"Requests waited {of_log(c, lt.waiting_s)}.")
     return Finding(
         "prefill-bound-burst",
         HEALTHY_QUEUE,
@@ -132,8 +149,8 @@ def lasting_stall(c: Collected) -> Finding | None:
     """Waiting with no prefill while requests finish, for a good part of the log: a stall that lasted."""
     lt = c.lasted
     st = lt.longest
-    span = c.span_s
-    if st is None or not lt.timed or not span or lt.stalled_s < STALL_NOTE_SHARE * span:
+    span = lt.timed_s
+    if st is None or not lt.timed or lt.stalled_s < STALL_NOTE_SHARE * span:
         return None
     lasted = lt.stalled_s >= STALL_SHARE * span
     r = c.retract
@@ -148,7 +165,7 @@ def lasting_stall(c: Collected) -> Finding | None:
     lines = [
         f"Requests waited (#queue-req {st.queued0:,} → {st.queued1:,}) and no prefill ran for "
         f"{seconds(st.seconds)} while {running} and token usage fell {top:.2f} → {u1:.2f}: room freed up "
-        f"and nobody was admitted. Admission stood still {lasted_words(lt.stalled_s, span)}{many}.",
+        f"and nobody was admitted. Admission stood still {of_log(c, lt.stalled_s)}{many}.",
     ]
     if lt.prefills_after:
         still = (
@@ -166,7 +183,7 @@ def lasting_stall(c: Collected) -> Finding | None:
     when = "after a retraction" if r.events else "after a retraction (before the excerpt)"
     title = (
         f"Admission stalled {when}: no prefill for {seconds(st.seconds)} while {st.queued1:,} requests "
-        f"waited and token usage fell {top:.2f} → {u1:.2f}, {lasted_words(lt.stalled_s, span)}"
+        f"waited and token usage fell {top:.2f} → {u1:.2f}, {of_log(c, lt.stalled_s)}"
     )
     evidence = unique(
         [
@@ -187,7 +204,7 @@ def lasting_stall(c: Collected) -> Finding | None:
         {
             "stalled_s": round(lt.stalled_s, 3),
             "trickle_s": round(lt.trickle_s, 3),
-            "span_s": span,
+            "span_s": round(span, 3),
             "longest_s": round(st.seconds, 3),
             "queued_before": st.queued0,
             "queued_after": st.queued1,

@@ -2,7 +2,8 @@
 with no KV pressure at all (so admission is not the cause).
 
 * the pool is *idle* when token usage stays under 0.7 while they wait (the 90th percentile over the time
-  they waited, lasted.py; the 98th of the moments they waited when the log has no timestamps);
+  they waited, lasted.py; the 98th of the moments they waited when the log has no timestamps), and they
+  waited for a quarter of the time or more;
 * a failure is *unrelated* to the KV pool when it happens with no retraction and usage under 0.9.
 """
 
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 from kvadmit.doctor import advice
 from kvadmit.doctor.collect import Collected
-from kvadmit.doctor.lasted_rules import lasted_words, seconds
+from kvadmit.doctor.lasted_rules import of_log, seconds, waiting_was_a_moment
 from kvadmit.doctor.model import (
     IDLE_POOL,
     OOM_ABORT,
@@ -97,6 +98,8 @@ def idle(c: Collected) -> Finding | None:
     if q.waiting == 0:
         return None
     lt = c.lasted
+    if waiting_was_a_moment(c):
+        return None  # a queue for a moment beside an idle pool is arrivals, not requests held back
     timed = lt.timed and lt.usage_quantile(0.9) is not None
     # The usage that lasted while requests waited: a pool the forecast fills stays high for a good part of
     # the time (waves fill it towards their end), an idle one does not, whatever one moment shows. By
@@ -115,13 +118,13 @@ def idle(c: Collected) -> Finding | None:
         below = lt.share_below(LOW_USAGE) * lt.waiting_s
         lasted = (
             f"Token usage stayed under {LOW_USAGE:.2f} for {seconds(below)} of the {seconds(lt.waiting_s)} "
-            f"requests waited (in a {seconds(c.span_s or lt.timed_s)} excerpt)"
+            "in which requests waited"
         )
         top = q.high_wait[0] if q.high_wait else peak
         lasted += f"; its fullest moment ({top:.2f}) did not last." if top >= LOW_USAGE else "."
         title_usage = (
             f"token usage {peak:.2f} or less for 90% of the time requests waited, "
-            f"{lasted_words(lt.waiting_s, c.span_s)} (up to {max_queue:,} queued)"
+            f"{of_log(c, lt.waiting_s)} (up to {max_queue:,} queued)"
         )
     else:
         title_usage = (
