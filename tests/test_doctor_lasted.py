@@ -237,3 +237,14 @@ def test_a_queue_for_two_seconds_of_a_quiet_minute_is_not_an_idle_pool(tmp_path:
     d = run(tmp_path, lines)
     assert d.verdict == "healthy-queue", d.lead.title
     assert "requests waited only for 2.0 s of the 62.0 s excerpt" in d.lead.title
+
+
+def test_an_idle_pool_that_stalled_blames_a_retraction_before_the_excerpt(tmp_path: Path) -> None:
+    # Usage 0.60 → 0.46 over 8 s while 80 wait and 40 → 26 run, no prefill: the pool is idle (under 0.7
+    # all the time) and the stall says why: a raised ratio, not oversized max_new_tokens.
+    lines = [decode(s, 40 - 2 * s, round((0.60 - 0.02 * s) * POOL), 80) for s in range(8)]
+    lines.append(prefill(8, 1, 1024, round(0.45 * POOL), 26, 80, 128.0))
+    d = run(tmp_path, lines)
+    assert d.verdict == "idle-pool-with-queue", d.lead.title
+    assert d.lead.numbers["cause"] == "ratio-after-retraction"
+    assert any("No retraction line is in this log" in line for line in d.lead.explanation)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from kvadmit.doctor import advice
 from kvadmit.doctor.collect import Collected
-from kvadmit.doctor.lasted_rules import of_log, seconds, waiting_was_a_moment
+from kvadmit.doctor.lasted_rules import STALL_NOTE_SHARE, of_log, seconds, waiting_was_a_moment
 from kvadmit.doctor.model import (
     IDLE_POOL,
     OOM_ABORT,
@@ -179,6 +179,15 @@ def _idle_cause(c: Collected, stuck: bool) -> tuple[str, list[str], list[Quote |
             lines,
             [c.retract.biggest_jump[3] if c.retract.biggest_jump else None, q.low_after_quote],
         )
+    lt = c.lasted
+    if not c.retract.events and lt.longest is not None and lt.stalled_s >= STALL_NOTE_SHARE * lt.timed_s:
+        st = lt.longest
+        lines.append(
+            f"No retraction line is in this log, but admission stood still {of_log(c, lt.stalled_s)} while "
+            "running requests finished and usage fell: what a retraction leaves behind, a new-token ratio "
+            "pushed up that decays back over about 600 decode steps (the retraction came before the excerpt)."
+        )
+        return "ratio-after-retraction", lines, [st.top_q, st.last_q]
     if flat is not None and (
         (isinstance(cap, int) and flat[0] >= cap) or (q.waiting >= 3 and flat[1] >= CAP_SHARE)
     ):
