@@ -32,18 +32,25 @@ _MAX_TOKEN_SIZES = 64  # distinct #new-token values counted (the budget is one o
 
 class Stretch:
     """Waiting with no prefill: from its first sample to the prefill (or last sample) that ends it. The
-    latest sample is kept as it came (no copies on the path every batch line takes)."""
+    samples are kept as they came (no copies on the path every batch line takes)."""
 
-    __slots__ = ("end", "first", "last", "last_q", "t0", "top", "top_q")
+    __slots__ = ("end", "first", "last", "t0", "top", "top_s")
 
-    def __init__(self, s: Sample, q: Quote, t: float) -> None:
+    def __init__(self, s: Sample, t: float) -> None:
         self.t0 = t
         self.end: float | None = None  # the prefill that ended it, when one did
         self.first: Sample = s
         self.last: Sample = s
-        self.last_q: Quote = q
         self.top = s.usage if s.usage is not None else -1.0  # the fullest moment in it
-        self.top_q: Quote = q
+        self.top_s: Sample = s
+
+    @property
+    def top_q(self) -> Quote:
+        return quoted(self.top_s)
+
+    @property
+    def last_q(self) -> Quote:
+        return quoted(self.last)
 
     @property
     def seconds(self) -> float:
@@ -108,50 +115,55 @@ class LastedTracker:
     waiting_prefills: int = 0
     waiting_lines: int = 0
     new_tokens: dict[int, tuple[int, Quote]] = field(default_factory=dict)  # #new-token → (batches, first)
-    _first_wait: tuple[Sample, Quote] | None = None
+    _first_wait: Sample | None = None
     _last_wait: Sample | None = None
-    _last_wait_q: Quote | None = None
 
     def sample(self, s: Sample, q: Quote, waiting: bool) -> None:
         """A sample with a queue size; `waiting` as QueueStats judged it. Called for every batch line of a
-        big log: plain comparisons; calls only for prefill lines and where something changes (a new stamp,
-        a stretch opening or closing)."""
+        big log: plain comparisons and samples kept as they came (quoted at the end); calls only for
+        prefill lines and where something changes (a new stamp, a stretch opening or closing)."""
         t = s.t
         if t is None:
-            self.untimed += 1
-        else:
-            if t != self._t:
-                self._stamp(t)
-            self._n += 1
-        kind = s.kind
-        if waiting:
-            if t is not None:
-                usage = s.usage
-                self._bins.append(-1 if usage is None else int(usage * 100 + 0.5))  # clamped when shared
-            self.waiting_lines += 1
-            if self._first_wait is None:
-                self._first_wait = (s, q)
-            self._last_wait, self._last_wait_q = s, q
-        if t is None:
-            if waiting and kind == "prefill" and s.new_token is not None:
-                self._prefill_size(s.new_token, q)
+            self._untimed(s, q, waiting)
             return
-        if self._trickle_below is not None and kind != "vllm" and kind != "metrics":
+        if t != self._t:
+            self._stamp(t)
+        self._n += 1
+        kind = s.kind
+        if self._trickle_below is not None:
             self._trickle(s, t, waiting)
-        if kind == "prefill":
-            self._prefill(s, q, t, waiting)
-        elif kind == "decode":  # SGLang's decode lines say when nobody is admitted: vLLM's and scrapes do not
-            st = self.open
-            if not waiting:
-                if st is not None:
-                    self._close()
-            elif st is None:
-                self.open = Stretch(s, q, t)
-            else:
-                st.last, st.last_q = s, q
-                usage = s.usage
-                if usage is not None and usage > st.top:
-                    st.top, st.top_q = usage, q
+        if waiting:
+            usage = s.usage
+            self._bins.append(-1 if usage is None else int(usage * 100 + 0.5))  # clamped when shared
+            self.waiting_lines += 1
+            self._last_wait = s
+            if self._first_wait is None:
+                self._first_wait = s
+            if kind == "decode":  # SGLang's decode lines say when nobody is admitted: vLLM's, scrapes not
+                st = self.open
+                if st is None:
+                    self.open = Stretch(s, t)
+                else:
+                    st.last = s
+                    if usage is not None and usage > st.top:
+                        st.top, st.top_s = usage, s
+            elif kind == "prefill":
+                self._prefill(s, q, t, True)
+        elif kind == "prefill":
+            self._prefill(s, q, t, False)
+        elif kind == "decode" and self.open is not None:
+            self._close()
+
+    def _untimed(self, s: Sample, q: Quote, waiting: bool) -> None:
+        """A sample without a timestamp: counted, and seen by the burst (no time, no stretches)."""
+        self.untimed += 1
+        if waiting:
+            self.waiting_lines += 1
+            self._last_wait = s
+            if self._first_wait is None:
+                self._first_wait = s
+            if s.kind == "prefill" and s.new_token is not None:
+                self._prefill_size(s.new_token, q)
 
     def _stamp(self, t: float) -> None:
         """A new timestamp: the samples of the one before share the time up to it."""
@@ -185,17 +197,11 @@ class LastedTracker:
     @property
     def first_wait(self) -> tuple[float | None, int, float | None, Quote] | None:
         """(time, queue, usage, quoted line) of the first sample in which requests waited."""
-        if self._first_wait is None:
-            return None
-        s, q = self._first_wait
-        return s.t, s.queued or 0, s.usage, q
+        return None if self._first_wait is None else _waited(self._first_wait)
 
     @property
     def last_wait(self) -> tuple[float | None, int, float | None, Quote] | None:
-        s, q = self._last_wait, self._last_wait_q
-        if s is None or q is None:
-            return None
-        return s.t, s.queued or 0, s.usage, q
+        return None if self._last_wait is None else _waited(self._last_wait)
 
     def _flush(self, gap: float) -> None:
         """Share the time until the next stamp among the samples of this one."""
@@ -223,6 +229,8 @@ class LastedTracker:
     def _trickle(self, s: Sample, t: float, waiting: bool) -> None:
         """After a stall, admission resumes at a trickle: the stall lasts while requests still wait, the pool
         stays under where it stood, and fewer have been admitted than finished during the stall."""
+        if s.kind != "decode" and s.kind != "prefill":
+            return  # vLLM's lines and scrapes do not show admission
         usage = s.usage
         if waiting and usage is not None and self._trickle_below is not None and usage < self._trickle_below:
             self.trickle_s += self._count_stalled(self._trickle_t, t)
@@ -287,3 +295,12 @@ class LastedTracker:
             return 0.0
         below = sum(self.usage_s[: round(usage * 100)])
         return below / total
+
+
+def quoted(s: Sample) -> Quote:
+    """The line a sample came from, as evidence."""
+    return Quote(s.line, s.text)
+
+
+def _waited(s: Sample) -> tuple[float | None, int, float | None, Quote]:
+    return s.t, s.queued or 0, s.usage, quoted(s)
