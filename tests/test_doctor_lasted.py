@@ -248,3 +248,11 @@ def test_an_idle_pool_that_stalled_blames_a_retraction_before_the_excerpt(tmp_pa
     assert d.verdict == "idle-pool-with-queue", d.lead.title
     assert d.lead.numbers["cause"] == "ratio-after-retraction"
     assert any("No retraction line is in this log" in line for line in d.lead.explanation)
+
+
+def test_a_log_without_any_prefill_line_cannot_show_a_stall(tmp_path: Path) -> None:
+    # A PD decode worker prints no Prefill lines (its requests arrive by KV transfer): the same fall of
+    # usage and running beside a queue says nothing about admission there.
+    lines = [line for line in stall_lines(with_retraction=False) if "Prefill batch" not in line]
+    d = run(tmp_path, lines)
+    assert not any(f.kind == "admission-stall" for f in d.findings), d.lead.title

@@ -26,6 +26,7 @@ from kvadmit.doctor.trackers import USAGE_BINS, WAITING_SHARE_OF_RUNNING, Quote,
 GAP_CAP_S = 60.0
 STALL_MIN_S = 3.0
 STALL_MAX_USAGE = 0.85  # "well below full": the pool the forecast fills runs at 0.9 and more
+STALL_USAGE_FALL = 0.05  # usage falling this much in a stretch: requests finished
 STALL_TRICKLE_GAP = 0.05  # after a stall, usage this far under its top: the freed room is not refilled
 _MAX_TOKEN_SIZES = 64  # distinct #new-token values counted (the budget is one of the commonest)
 
@@ -83,7 +84,7 @@ class Stretch:
             return False
         r0, r1 = self.first.running, self.last.running
         fell_running = r0 is not None and r1 is not None and r0 - r1 >= max(2, WAITING_SHARE_OF_RUNNING * r0)
-        return fell_running or max(self.top, end) - end >= 0.05
+        return fell_running or max(self.top, end) - end >= STALL_USAGE_FALL
 
 
 @dataclass(slots=True)

@@ -150,7 +150,9 @@ def lasting_stall(c: Collected) -> Finding | None:
     lt = c.lasted
     st = lt.longest
     span = lt.timed_s
-    if st is None or not lt.timed or lt.stalled_s < STALL_NOTE_SHARE * span:
+    # A log with no prefill line at all (a PD decode worker's: its requests arrive by KV transfer) cannot
+    # show that nobody was admitted.
+    if st is None or not lt.timed or not c.prefill.batches or lt.stalled_s < STALL_NOTE_SHARE * span:
         return None
     lasted = lt.stalled_s >= STALL_SHARE * span
     r = c.retract

@@ -180,7 +180,8 @@ def _idle_cause(c: Collected, stuck: bool) -> tuple[str, list[str], list[Quote |
             [c.retract.biggest_jump[3] if c.retract.biggest_jump else None, q.low_after_quote],
         )
     lt = c.lasted
-    if not c.retract.events and lt.longest is not None and lt.stalled_s >= STALL_NOTE_SHARE * lt.timed_s:
+    stalled = lt.longest is not None and c.prefill.batches and lt.stalled_s >= STALL_NOTE_SHARE * lt.timed_s
+    if not c.retract.events and stalled and lt.longest is not None:
         st = lt.longest
         lines.append(
             f"No retraction line is in this log, but admission stood still {of_log(c, lt.stalled_s)} while "
