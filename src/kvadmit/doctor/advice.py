@@ -77,6 +77,29 @@ def occasional() -> list[str]:
     ]
 
 
+def stall_after_retraction(running_at_start: int | None) -> list[str]:
+    lower = f" (below the {running_at_start:,} running when it stalled)" if running_at_start else ""
+    return [
+        "The retraction raised the new-token ratio, and the raised ratio holds admission back: stop the "
+        "retractions so it stays low. Raise --schedule-conservativeness (e.g. 1.3) so the forecast admits "
+        f"no more than the pool can finish, or lower --max-running-requests{lower}.",
+        "The ratio decays by (init − min) / SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS per decode step (600 steps by "
+        "default): fewer steps shorten each stall, at the risk of the next retraction coming sooner. "
+        "SGLANG_RETRACT_DECODE_STEPS (20) is the room per request that the ratio set by a retraction "
+        "keeps for the survivors.",
+        NEVER_MEM_FRACTION,
+    ]
+
+
+def prefill_bound() -> list[str]:
+    return [
+        "Nothing to change: the queue drains as fast as prefill runs, and the pool fills as it does.",
+        "Only if time to first token matters during such bursts: raise --chunked-prefill-size and "
+        "--max-prefill-tokens for larger prefill passes (more activation memory, and running requests "
+        "wait longer between decode steps).",
+    ]
+
+
 def collapse() -> list[str]:
     return [
         "Treat it as an incident, not tuning: compare 'cuda graph' in the decode lines before and after (a "

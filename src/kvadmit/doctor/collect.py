@@ -13,6 +13,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from kvadmit.doctor import parse
+from kvadmit.doctor.lasted import LastedTracker
 from kvadmit.doctor.parse import Parsed
 from kvadmit.doctor.timeline import Marker, Timeline
 from kvadmit.doctor.trackers import (
@@ -65,6 +66,7 @@ class Collected:
     failures: Failures = field(default_factory=Failures)
     vllm: VllmPreemptions = field(default_factory=VllmPreemptions)
     waves: WaveEstimator = field(default_factory=WaveEstimator)
+    lasted: LastedTracker = field(default_factory=LastedTracker)
     timeline: Timeline = field(default_factory=Timeline)
     metric_lines: list[str] = field(default_factory=list)
     metric_line_numbers: list[int] = field(default_factory=list)
@@ -256,7 +258,10 @@ class Collector:
         """One observation of a scheduler (also used for metrics scrapes). Called for most lines of a big
         log, so the trackers that only matter after a retraction are not called before one."""
         c = self.c
-        c.queue.add(s, q, self._after_retraction)
+        if c.queue.add(s, q, self._after_retraction):
+            c.lasted.sample(s, q, True)
+        elif s.queued is not None:
+            c.lasted.sample(s, q, False)
         kind = s.kind
         prefill = kind == "prefill"
         if prefill:

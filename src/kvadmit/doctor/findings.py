@@ -2,7 +2,11 @@
 
 The rules (retraction_rules.py, pool_rules.py) read what the numbers mean, not how a log words them:
 * requests *wait* when the queue is substantial beside the running batch (trackers.QueueStats);
-* the pool is *idle* when token usage stays under 0.7 (98% of the waiting samples) while they wait;
+* the pool is *idle* when token usage stays under 0.7 while they wait: for 90% of the time they waited
+  (lasted.py), or in 98% of the waiting samples when the log has no timestamps;
+* a *prefill-bound burst* (prefill batches back to back at the prefill budget, queue falling, usage rising)
+  is a healthy queue, not an idle pool; an *admission stall* that lasted (no prefill while requests finish
+  and others wait) is the mark of a retraction, seen or not (lasted_rules.py);
 * retraction is a *storm* when its rate exceeds ~1/min even at the low end of what the count allows,
   or comes in bursts of 5 in a minute (rates.py); otherwise it is *occasional*;
 * throughput *collapses* when generation tokens/s per running request fall threefold after a retraction
@@ -14,13 +18,17 @@ from __future__ import annotations
 
 from kvadmit.doctor import advice, explain
 from kvadmit.doctor.collect import Collected
+from kvadmit.doctor.lasted_rules import lasting_stall, of_log, prefill_bound_burst, waiting_was_a_moment
 from kvadmit.doctor.model import (
+    COLLAPSE,
     HEALTHY_QUEUE,
     IDLE_POOL,
+    OOM_ABORT,
     OTHER,
     RANK_HEALTHY_NO_QUEUE,
     RANK_HEALTHY_WAITING,
     RANK_INSUFFICIENT,
+    RANK_NOTE,
     STORM,
     Finding,
 )
@@ -30,6 +38,7 @@ from kvadmit.doctor.trackers import Quote, unique
 
 
 def log_findings(c: Collected, pool_from_metrics: float | None = None) -> list[Finding]:
+    c.lasted.finish(c.whole_seconds)
     pool, note = explain.pool_size(c, pool_from_metrics)
     shape = c.waves.shape()
     arithmetic = explain.wave_arithmetic(c, shape, pool) if shape is not None and pool else None
@@ -40,13 +49,32 @@ def log_findings(c: Collected, pool_from_metrics: float | None = None) -> list[F
             found.append(f)
     # When the admission rule itself explains how many run (a whole request more does not fit), the pool
     # is not idle however low its usage looks between waves.
-    waiting_idle = idle(c) if arithmetic is None else None
+    # A burst that prefill works through at its budget is not an idle pool, however low usage starts.
+    burst = prefill_bound_burst(c)
+    waiting_idle = idle(c) if arithmetic is None and burst is None else None
     if waiting_idle is not None:
         found.append(waiting_idle)
+    _add_stall(found, lasting_stall(c))
     verdicts = {f.verdict for f in found}
-    if not verdicts & {STORM, IDLE_POOL} and c.queue.with_queue_info:
-        found.append(_healthy(c, pool, note, arithmetic))
+    stalled = any(f.kind == "admission-stall" and f.verdict for f in found)  # then the queue is not healthy
+    if not verdicts & {STORM, IDLE_POOL} and not stalled and c.queue.with_queue_info:
+        found.append(burst if burst is not None else _healthy(c, pool, note, arithmetic))
     return found
+
+
+def _add_stall(found: list[Finding], lasting: Finding | None) -> None:
+    """A stall that lasted leads (as a retraction's doing) unless a worse verdict holds; the stall noted
+    after a retraction in the log gives way to it, or stays when a storm explains it already."""
+    if lasting is None:
+        return
+    noted = [f for f in found if f.kind == "admission-stall"]
+    if lasting.verdict is None or {f.verdict for f in found} & {STORM, COLLAPSE, OOM_ABORT}:
+        if noted:
+            return  # the stall noted after the retraction in the log says it already
+        lasting.verdict, lasting.rank = None, RANK_NOTE
+    for f in noted:
+        found.remove(f)
+    found.append(lasting)
 
 
 # -- healthy -------------------------------------------------------------------------------------------
@@ -55,7 +83,8 @@ def log_findings(c: Collected, pool_from_metrics: float | None = None) -> list[F
 def _healthy(c: Collected, pool: int | None, note: str, arithmetic: list[str] | None) -> Finding:
     q = c.queue
     retraction = "" if not c.retract.events else ", apart from the retraction noted below"
-    if q.waiting == 0:
+    moment = q.waiting > 0 and waiting_was_a_moment(c)
+    if q.waiting == 0 or moment:
         max_q = q.max_queue[0] if q.max_queue else 0
         top = q.max_usage
         usage = f", token usage up to {top[0]:.2f}" if top else ""
@@ -64,7 +93,15 @@ def _healthy(c: Collected, pool: int | None, note: str, arithmetic: list[str] | 
             f"Every arrival is admitted at once{retraction}: the queue never builds beside the running "
             "batch, so admission is not holding anyone back."
         ]
-        if max_q:
+        if moment:
+            waited = of_log(c, c.lasted.waiting_s)
+            title = f"Healthy: requests waited only {waited} (#queue-req at most {max_q:,}{usage})"
+            lines = [
+                f"Arrivals are admitted{retraction}: a queue built beside the running batch only "
+                f"{waited}, so that moment is not the state that lasted; admission is not holding "
+                "requests back."
+            ]
+        elif max_q:
             lines.append(
                 f"A queue of {max_q:,} beside the running batch is requests that arrived between two "
                 "scheduling passes."
@@ -87,7 +124,20 @@ def _healthy(c: Collected, pool: int | None, note: str, arithmetic: list[str] | 
         lines.append(trend)
     high = q.high_wait[0] if q.high_wait else None
     title = "Healthy queue: requests wait because the pool is used up to the forecast"
-    if high is not None:
+    lt = c.lasted
+    low, top = lt.usage_quantile(0.1), lt.usage_quantile(0.9)
+    if lt.timed and low is not None and top is not None:
+        # The usage that lasted (10th to 90th percentile over the time they waited), not the fullest moment.
+        usage = f"{low:.2f}" if low == top else f"{low:.2f}–{top:.2f}"
+        waited = of_log(c, lt.waiting_s)
+        title += f" (token usage {usage} while they wait, {waited})"
+        lines.append(
+            f"Requests waited {waited}; over that time token usage was {usage} (the 10th to 90th "
+            f"percentile by time), at most {high:.2f}."
+            if high is not None
+            else f"Requests waited {waited}."
+        )
+    elif high is not None:
         title += f" (token usage up to {high:.2f} while they wait)"
     title += retraction
     evidence = unique([c.startup_quote, q.first_wait, q.high_wait[1] if q.high_wait else None, q.last_wait])
@@ -95,6 +145,8 @@ def _healthy(c: Collected, pool: int | None, note: str, arithmetic: list[str] | 
         "pool": pool,
         "waiting_samples": q.waiting,
         "usage_peak_waiting": q.usage_quantile(0.98),
+        "usage_lasting": [lt.usage_quantile(0.1), lt.usage_quantile(0.9)] if lt.timed else None,
+        "waiting_s": round(lt.waiting_s, 3) if lt.timed else None,
     }
     if shape is not None:
         numbers.update(

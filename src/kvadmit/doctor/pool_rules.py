@@ -1,8 +1,9 @@
 """The pool: out-of-memory failures, an idle pool while requests wait (and which cause), and failures
 with no KV pressure at all (so admission is not the cause).
 
-* the pool is *idle* when token usage stays under 0.7 (98th percentile of the moments requests wait)
-  while they wait;
+* the pool is *idle* when token usage stays under 0.7 while they wait (the 90th percentile over the time
+  they waited, lasted.py; the 98th of the moments they waited when the log has no timestamps), and they
+  waited for a quarter of the time or more;
 * a failure is *unrelated* to the KV pool when it happens with no retraction and usage under 0.9.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 from kvadmit.doctor import advice
 from kvadmit.doctor.collect import Collected
+from kvadmit.doctor.lasted_rules import STALL_NOTE_SHARE, of_log, seconds, waiting_was_a_moment
 from kvadmit.doctor.model import (
     IDLE_POOL,
     OOM_ABORT,
@@ -95,22 +97,43 @@ def idle(c: Collected) -> Finding | None:
     q = c.queue
     if q.waiting == 0:
         return None
-    # The peak (98th percentile, so one odd line does not decide) of usage while requests wait: a pool the
-    # forecast fills reaches high usage at some point, an idle one never does.
-    peak = q.usage_quantile(0.98)
+    lt = c.lasted
+    if waiting_was_a_moment(c):
+        return None  # a queue for a moment beside an idle pool is arrivals, not requests held back
+    timed = lt.timed and lt.usage_quantile(0.9) is not None
+    # The usage that lasted while requests waited: a pool the forecast fills stays high for a good part of
+    # the time (waves fill it towards their end), an idle one does not, whatever one moment shows. By
+    # time (90th percentile) when the log has timestamps; else by samples (98th, so one odd line does not
+    # decide).
+    peak = lt.usage_quantile(0.9) if timed else q.usage_quantile(0.98)
     stuck = q.stuck > 0 and (peak is None or peak < 0.05)
     if not stuck and (peak is None or peak >= LOW_USAGE):
         return None
     low_usage, low_quote = q.low_wait if q.low_wait else (0.0, q.first_wait)
     max_queue = q.max_queue[0] if q.max_queue else 0
+    lasted = ""
     if q.waiting == 1 and q.first_wait is not None:
         title_usage = f"token usage {low_usage:.2f} while {max_queue:,} requests wait"
+    elif timed:
+        below = lt.share_below(LOW_USAGE) * lt.waiting_s
+        lasted = (
+            f"Token usage stayed under {LOW_USAGE:.2f} for {seconds(below)} of the {seconds(lt.waiting_s)} "
+            "in which requests waited"
+        )
+        top = q.high_wait[0] if q.high_wait else peak
+        lasted += f"; its fullest moment ({top:.2f}) did not last." if top >= LOW_USAGE else "."
+        title_usage = (
+            f"token usage {peak:.2f} or less for 90% of the time requests waited, "
+            f"{of_log(c, lt.waiting_s)} (up to {max_queue:,} queued)"
+        )
     else:
         title_usage = (
             f"token usage never above {peak:.2f} in the {q.waiting:,} moments requests waited (up to "
             f"{max_queue:,} queued)"
         )
     cause, lines, extra = _idle_cause(c, stuck)
+    if lasted:
+        lines.insert(1, lasted)
     evidence = unique([low_quote, q.first_wait, q.last_wait, *extra])
     return Finding(
         IDLE_POOL,
@@ -156,6 +179,16 @@ def _idle_cause(c: Collected, stuck: bool) -> tuple[str, list[str], list[Quote |
             lines,
             [c.retract.biggest_jump[3] if c.retract.biggest_jump else None, q.low_after_quote],
         )
+    lt = c.lasted
+    stalled = lt.longest is not None and c.prefill.batches and lt.stalled_s >= STALL_NOTE_SHARE * lt.timed_s
+    if not c.retract.events and stalled and lt.longest is not None:
+        st = lt.longest
+        lines.append(
+            f"No retraction line is in this log, but admission stood still {of_log(c, lt.stalled_s)} while "
+            "running requests finished and usage fell: what a retraction leaves behind, a new-token ratio "
+            "pushed up that decays back over about 600 decode steps (the retraction came before the excerpt)."
+        )
+        return "ratio-after-retraction", lines, [st.top_q, st.last_q]
     if flat is not None and (
         (isinstance(cap, int) and flat[0] >= cap) or (q.waiting >= 3 and flat[1] >= CAP_SHARE)
     ):

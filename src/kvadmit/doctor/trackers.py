@@ -94,8 +94,9 @@ class QueueStats:
     pool_hi: float = float("inf")
     pool_points: int = 0
 
-    def add(self, s: Sample, q: Quote, after_retraction: bool) -> None:
-        # Called for every batch line of a big log: plain comparisons, no helper calls on the common path.
+    def add(self, s: Sample, q: Quote, after_retraction: bool) -> bool:
+        """Whether requests wait in this sample. Called for every batch line of a big log: plain
+        comparisons, no helper calls on the common path."""
         self.samples += 1
         usage = s.usage
         if usage is not None:
@@ -112,7 +113,7 @@ class QueueStats:
                 self.pool_points += 1
         queued = s.queued
         if queued is None:
-            return
+            return False
         self.with_queue_info += 1
         if self.first_queue is None:
             self.first_queue = queued
@@ -122,8 +123,9 @@ class QueueStats:
         if top_q is None or queued > top_q[0]:
             self.max_queue = (queued, q)
         if queued <= 0 or queued < WAITING_SHARE_OF_RUNNING * (s.running or 0):
-            return  # nobody waits, or a queue of one or two beside a big batch: arrivals between passes
+            return False  # nobody waits, or a queue of one or two beside a big batch: arrivals between passes
         self._waiting(s, q, usage, after_retraction)
+        return True
 
     def _waiting(self, s: Sample, q: Quote, usage: float | None, after_retraction: bool) -> None:
         self.waiting += 1
