@@ -19,7 +19,8 @@ NOT_SERVER_FLAGS = ("knobs", "admission_policy")
 SERVER_FLAG_HELP: dict[str, str] = {
     "max_total_tokens": "KV pool size in tokens",
     "chunked_prefill_size": "-1 disables chunked prefill (default: by device memory; 4096 when unknown)",
-    "sglang_version": "reproduce this SGLang release's rules (0.5.22 default; earlier: classic rules)",
+    "sglang_version": "kvadmit's own flag: reproduce this SGLang release's rules (0.5.22 default; earlier: "
+    "classic rules)",
 }
 SERVER_FLAG_CHOICES: dict[str, tuple[str, ...]] = {"schedule_policy": SCHEDULE_POLICIES}
 # Token counts take SGLang's suffixes too (4k = 4000, 4Ki = 4096), as its launch flags do.
