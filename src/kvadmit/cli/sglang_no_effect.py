@@ -43,7 +43,7 @@ NO_EFFECT: tuple[str, ...] = (
     "export_metrics_to_file", "export_metrics_to_file_dir", "constrained_json_whitespace_pattern",
     "constrained_json_disable_any_whitespace", "constrained_json_max_whitespace_cnt", "attention_backend",
     "decode_attention_backend", "enable_lean_attention", "prefill_attention_backend", "grammar_backend",
-    "radix_cache_backend", "mm_attention_backend", "fp8_gemm_runner_backend", "fp4_gemm_runner_backend",
+    "mm_attention_backend", "fp8_gemm_runner_backend", "fp4_gemm_runner_backend",
     "bf16_gemm_backend", "dsa_prefill_backend", "dsv4_prefill_backend", "dsa_decode_backend",
     "dsa_paged_mqa_logits_backend", "dsa_topk_backend", "disable_flashinfer_autotune",
     "flashinfer_autotune_skip_ops", "mamba_backend", "cuda_graph_config", "cuda_graph_backend_decode",

@@ -117,6 +117,7 @@ REFUSED: dict[str, Refusal] = {
     # caches other than the GPU radix cache with LRU eviction
     "radix_eviction_policy": Refusal(("lru",), _CACHE),
     "radix_eviction_policy_config": Refusal(_NONE, _CACHE),
+    "radix_cache_backend": Refusal(_NONE, _CACHE),
     "enable_hierarchical_cache": Refusal(_OFF, _CACHE),
     "enable_lmcache": Refusal(_OFF, _CACHE),
     "enable_flexkv": Refusal(_OFF, _CACHE),
