@@ -6,9 +6,9 @@ from its source text. Its heavy imports (torch kernels, triton, ...) are replace
 the argparse definitions are read, nothing runs. Run it with the wheel unpacked and its few light
 dependencies on the path:
 
-    pip download --no-deps sglang==0.5.22 -d /tmp/sg && (cd /tmp/sg && unzip -q -o sglang-*.whl -d src)
-    pip install --target /tmp/sgdeps orjson msgspec pybase64 psutil
-    PYTHONPATH=/tmp/sgdeps:/tmp/sg/src python crosscheck/sglang_flags/extract.py 0.5.22 > \
+    pip download --no-deps sglang==0.5.22 -d build/sg && (cd build/sg && unzip -q -o sglang-*.whl -d src)
+    pip install --target build/sgdeps orjson msgspec pybase64 psutil
+    PYTHONPATH=build/sgdeps:build/sg/src python crosscheck/sglang_flags/extract.py 0.5.22 > \
         src/kvadmit/cli/sglang_flags_0_5_22.json
 
 (run from a Python with numpy, torch, transformers and pyyaml installed, e.g. kvadmit's .venv)
