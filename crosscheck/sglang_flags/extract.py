@@ -2,16 +2,17 @@
 
 SGLang builds its parser from dataclass fields spread over many modules (srt/arg_groups/fields/*.py) plus a
 few hand-written ones in srt/server_args.py, so the list is read from the parser SGLang itself builds, not
-from its source text. Its heavy imports (torch kernels, triton, ...) are replaced by empty stand-ins: only
-the argparse definitions are read, nothing runs. Run it with the wheel unpacked and its few light
-dependencies on the path:
+from its source text. Its heavy imports (torch kernels, triton, ...) are replaced by empty stand-ins: its
+modules are imported, no server starts, and only the argparse definitions are read. Run it with the wheel
+unpacked and its few light dependencies on the path:
 
     pip download --no-deps sglang==0.5.22 -d build/sg && (cd build/sg && unzip -q -o sglang-*.whl -d src)
     pip install --target build/sgdeps orjson msgspec pybase64 psutil
     PYTHONPATH=build/sgdeps:build/sg/src python crosscheck/sglang_flags/extract.py 0.5.22 > \
         src/kvadmit/cli/sglang_flags_0_5_22.json
 
-(run from a Python with numpy, torch, transformers and pyyaml installed, e.g. kvadmit's .venv)
+(run from a Python with numpy, torch, transformers and pyyaml installed, e.g. kvadmit's .venv, with no
+SGLANG_* variables set: one of them adds a --sampling-backend choice)
 """
 
 from __future__ import annotations
