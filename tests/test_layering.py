@@ -18,6 +18,7 @@ ROOT = Path(kvadmit.__file__).parent
 ALLOWED: dict[str, str | None] = {
     "cli": None,  # the command line may import anything
     "__main__": "cli",
+    "launch_server": "cli",  # python -m kvadmit.launch_server: `kvadmit serve` under SGLang's module name
     "kvadmit": "offline",
     "offline": "config engine executor model observe request sampling_params scheduler stop_strings",
     "stop_strings": "model",  # the incremental detokenizer it watches

@@ -23,6 +23,7 @@ from kvadmit.cli import (
     sweep,
 )
 from kvadmit.cli.flags import server_args_from
+from kvadmit.cli.sglang_config import expand_config
 from kvadmit.errors import UsageError
 
 __all__ = ["EXIT_USAGE", "build_parser", "main", "server_args_from"]
@@ -49,9 +50,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _subparser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return sub.choices[command]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    ns = parser.parse_args(argv)
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["serve"]:  # SGLang's --config FILE: the file's flags first, the command line's after
+        try:
+            args = ["serve", *expand_config(args[1:], _subparser(parser, "serve"))]
+        except UsageError as e:
+            print(f"kvadmit serve: error: {e}", file=sys.stderr)
+            return EXIT_USAGE
+    ns = parser.parse_args(args)
     try:
         return int(ns.func(ns))
     except UsageError as e:

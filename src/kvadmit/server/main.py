@@ -117,6 +117,8 @@ def serve(ns: argparse.Namespace, args: ServerArgs) -> int:
     from kvadmit.server.app import create_app
 
     _setup_logging(ns.log_level, ns.log_file)
+    for note in getattr(ns, "startup_notes", ()):  # about SGLang's flags: those with no effect here
+        log.info(note)
     state = build_state(ns, args)
     runner = state.runner
     runner.start()
