@@ -65,12 +65,14 @@ def router(state: ServerState) -> APIRouter:
         """0.5.22's `stop_profile_async`: 200 "Stop profiling. ..."; here there is nothing to stop."""
         return PlainTextResponse(f"Stop profiling. {NO_PROFILE}\n", status_code=200)
 
-    r.add_api_route("/start_profile", start_profile, methods=["GET", "POST"])
-    r.add_api_route("/stop_profile", stop_profile, methods=["GET", "POST"])
+    for path, handler in (("/start_profile", start_profile), ("/stop_profile", stop_profile)):
+        r.add_api_route(path, handler, methods=["POST"])
+        r.add_api_route(path, handler, methods=["GET"], include_in_schema=False)
 
     async def root() -> str:
         """0.5.22's `sglang_root` (GET and HEAD `/`): a JSON string saying the server runs."""
         return f"kvadmit is running (SGLang {runner.args.sglang_version}'s API)"
 
-    r.add_api_route("/", root, methods=["GET", "HEAD"])
+    r.add_api_route("/", root, methods=["GET"])
+    r.add_api_route("/", root, methods=["HEAD"], include_in_schema=False)
     return r

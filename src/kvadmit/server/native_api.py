@@ -212,9 +212,11 @@ def _control_routes(r: APIRouter, state: ServerState) -> None:
             raise APIError("give rid, or abort_all: true", param="rid")
         return Response(status_code=200)
 
-    @r.api_route("/metrics", methods=["GET", "HEAD"])
     async def metrics() -> Response:
         """SGLang mounts prometheus_client's ASGI app on /metrics, which answers HEAD too."""
         if not state.enable_metrics or state.runner.metrics is None:
             raise APIError("metrics are off: start the server with --enable-metrics", 404)
         return Response(state.runner.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    r.add_api_route("/metrics", metrics, methods=["GET"])
+    r.add_api_route("/metrics", metrics, methods=["HEAD"], include_in_schema=False)
