@@ -140,6 +140,13 @@ def test_server_info_in_sglang_shape(srv: RunningServer) -> None:
     assert httpx.get(f"{srv.url}/model_info").json()["model_path"] == "my-model"
 
 
+def test_launch_command_hides_the_api_key() -> None:
+    from kvadmit.server.main import launch_command
+
+    argv = ["kvadmit", "serve", "--api-key", "s3cret", "--port", "1", "--api-key=other"]
+    assert launch_command(argv) == "kvadmit serve --api-key '<redacted>' --port 1 '--api-key=<redacted>'"
+
+
 def test_simulated_model_path_defaults_to_the_served_name(tmp_path: Path) -> None:
     cost = write_cost_model(tmp_path / "cost.json")
     with running_server(["--simulate", cost, "--max-total-tokens", str(POOL)]) as s:

@@ -108,7 +108,7 @@ def build_state(ns: argparse.Namespace, args: ServerArgs) -> Any:
     )  # fmt: skip
     for key in ("tp_size", "dp_size", "pp_size"):
         resolved.setdefault(key, 1)  # one device, one scheduler
-    resolved.setdefault("launch_command", shlex.join(sys.argv))
+    resolved.setdefault("launch_command", launch_command(sys.argv))
     state = ServerState(
         runner=runner,
         served_model_name=name,
@@ -122,6 +122,20 @@ def build_state(ns: argparse.Namespace, args: ServerArgs) -> Any:
     )
     state.load.attach(runner.engine)
     return state
+
+
+def launch_command(argv: list[str]) -> str:
+    """The command line as launched (SGLang's `launch_command`), the API key's value hidden."""
+    shown, hide_next = [], False
+    for arg in argv:
+        if hide_next:
+            arg, hide_next = "<redacted>", False
+        elif arg == "--api-key":
+            hide_next = True
+        elif arg.startswith("--api-key="):
+            arg = "--api-key=<redacted>"
+        shown.append(arg)
+    return shlex.join(shown)
 
 
 def _accelerator_name(device: str, simulated: bool) -> str | None:
