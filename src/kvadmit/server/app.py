@@ -12,7 +12,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from kvadmit.server import native_api, openai_api
+from kvadmit.server import info_api, load_api, native_api, openai_api
 from kvadmit.server.errors import APIError, error_body
 from kvadmit.server.state import ServerState
 
@@ -115,4 +115,6 @@ def create_app(state: ServerState) -> FastAPI:
     app.add_middleware(StampReceipt)  # added last: the outermost layer, the first to see a request
     app.include_router(native_api.router(state))
     app.include_router(openai_api.router(state))
+    app.include_router(info_api.router(state))
+    app.include_router(load_api.router(state))
     return app

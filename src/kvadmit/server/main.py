@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import shlex
 import signal
 import sys
 import threading
@@ -60,6 +61,7 @@ def build_state(ns: argparse.Namespace, args: ServerArgs) -> Any:
     if ns.trace_requests is not None and ns.trace_requests == ns.trace_steps:
         raise UsageError(f"--trace-requests and --trace-steps both name {ns.trace_steps!r}: give each its "
                          "own file")  # fmt: skip
+    began = time.monotonic()
     if ns.simulate:
         from kvadmit.costmodel.costmodel import CostModelError
 
@@ -83,6 +85,7 @@ def build_state(ns: argparse.Namespace, args: ServerArgs) -> Any:
     name = ns.served_model_name or (
         "simulated" if ns.simulate else (ns.model_path or "SmolLM2-135M-Instruct")
     )
+    loaded = time.monotonic()
     metrics = None
     if ns.enable_metrics:
         metrics = ServerMetrics(name, backend.pool_size, args.page_size, backend.context_len)
@@ -94,13 +97,19 @@ def build_state(ns: argparse.Namespace, args: ServerArgs) -> Any:
     )  # fmt: skip
     resolved = {k: v for k, v in asdict(args).items() if k != "knobs"}
     resolved.update(
-        model_path=backend.model_path, tokenizer_path=backend.tokenizer_path, host=ns.host, port=ns.port,
+        # serve --simulate has no model folder: its model_path is the served name, never a path that a
+        # router would try to download
+        model_path=name if ns.simulate else backend.model_path,
+        tokenizer_path=backend.tokenizer_path, host=ns.host, port=ns.port,
         dtype=backend.dtype, device=backend.device, served_model_name=name, enable_metrics=ns.enable_metrics,
         simulate=ns.simulate, max_total_tokens=backend.pool_size, context_length=backend.context_len,
         max_running_requests=runner.scheduler.max_running_requests,
         chunked_prefill_size=runner.scheduler.chunked_prefill_size,
     )  # fmt: skip
-    return ServerState(
+    for key in ("tp_size", "dp_size", "pp_size"):
+        resolved.setdefault(key, 1)  # one device, one scheduler
+    resolved.setdefault("launch_command", launch_command(sys.argv))
+    state = ServerState(
         runner=runner,
         served_model_name=name,
         server_args=resolved,
@@ -108,7 +117,51 @@ def build_state(ns: argparse.Namespace, args: ServerArgs) -> Any:
         enable_metrics=ns.enable_metrics,
         health_timeout=ns.health_check_timeout,
         created=int(time.time()),
+        accelerator=_accelerator_name(backend.device, backend.simulated),
+        scheduler_info=_scheduler_info(runner, loaded - began, time.monotonic() - loaded),
     )
+    state.load.attach(runner.engine)
+    return state
+
+
+def launch_command(argv: list[str]) -> str:
+    """The command line as launched (SGLang's `launch_command`), the API key's value hidden."""
+    shown, hide_next = [], False
+    for arg in argv:
+        if hide_next:
+            arg, hide_next = "<redacted>", False
+        elif arg == "--api-key":
+            hide_next = True
+        elif arg.startswith("--api-key="):
+            arg = "--api-key=<redacted>"
+        shown.append(arg)
+    return shlex.join(shown)
+
+
+def _accelerator_name(device: str, simulated: bool) -> str | None:
+    """The GPU's marketing name, as /v1/loads reports it; None on CPU and in serve --simulate."""
+    if simulated or not device.startswith("cuda"):
+        return None
+    import torch
+
+    return str(torch.cuda.get_device_name(torch.device(device)))
+
+
+def _scheduler_info(runner: Any, load_s: float, scheduler_s: float) -> dict[str, Any]:
+    """What SGLang's scheduler hands the tokenizer manager at start-up (get_init_info), as /server_info
+    shows it: the pool, the longest prompt (min(context − 1, pool − 1) − 5) and the start-up times."""
+    s = runner.scheduler
+    times = {
+        "load_weight": round(load_s, 3),
+        "kv_cache_allocation": 0.0,
+        "scheduler_e2e": round(scheduler_s, 3),
+    }
+    return {
+        "status": "ready",
+        "max_total_num_tokens": s.max_total_num_tokens,
+        "max_req_input_len": min(s.context_len - 1, s.max_total_num_tokens - 1) - 5,
+        "startup_time": {**times, "cuda_graph": {}},
+    }
 
 
 def serve(ns: argparse.Namespace, args: ServerArgs) -> int:

@@ -1,5 +1,5 @@
-"""SGLang's native endpoints: /generate, health, server and model info, flush_cache, abort_request,
-/metrics."""
+"""SGLang's native endpoints: /generate, health, model info, flush_cache, abort_request, /metrics
+(server info and the profiler switches are in info_api.py, the loads in load_api.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-import kvadmit
 from kvadmit.request import SamplingLimits
 from kvadmit.sampling_params import SamplingParams
 from kvadmit.server.errors import APIError
@@ -178,22 +177,10 @@ def _health_routes(r: APIRouter, state: ServerState) -> None:
 
 
 def _info_routes(r: APIRouter, state: ServerState) -> None:
-    async def server_info() -> dict[str, Any]:
-        internal = await state.engine_call(state.runner.internal_state)
-        return {
-            **state.server_args,
-            "internal_states": [internal],
-            "version": kvadmit.__version__,
-            "sglang_version": state.runner.args.sglang_version,
-        }
-
-    r.add_api_route("/server_info", server_info, methods=["GET"])
-    r.add_api_route("/get_server_info", server_info, methods=["GET"])
-
     async def model_info() -> dict[str, Any]:
         b = state.runner.backend
         return {
-            "model_path": b.model_path,
+            "model_path": state.server_args["model_path"],  # serve --simulate: the served name
             "tokenizer_path": b.tokenizer_path,
             "is_generation": True,
             "served_model_name": state.served_model_name,
@@ -225,8 +212,11 @@ def _control_routes(r: APIRouter, state: ServerState) -> None:
             raise APIError("give rid, or abort_all: true", param="rid")
         return Response(status_code=200)
 
-    @r.get("/metrics")
     async def metrics() -> Response:
+        """SGLang mounts prometheus_client's ASGI app on /metrics, which answers HEAD too."""
         if not state.enable_metrics or state.runner.metrics is None:
             raise APIError("metrics are off: start the server with --enable-metrics", 404)
         return Response(state.runner.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    r.add_api_route("/metrics", metrics, methods=["GET"])
+    r.add_api_route("/metrics", metrics, methods=["HEAD"], include_in_schema=False)

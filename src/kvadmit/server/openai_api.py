@@ -7,7 +7,7 @@ import uuid
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import Response
+from fastapi.responses import JSONResponse, Response
 
 from kvadmit.request import SamplingLimits
 from kvadmit.sampling_params import SamplingParams
@@ -135,22 +135,26 @@ def router(state: ServerState) -> APIRouter:
     return r
 
 
+def _model_card(state: ServerState, name: str) -> dict[str, Any]:
+    """0.5.22's ModelCard: `owned_by` "sglang" (how smg tells an SGLang worker), `root` the served name."""
+    return {"id": name, "object": "model", "created": int(time.time()), "owned_by": "sglang", "root": name,
+            "parent": None, "max_model_len": state.context_len}  # fmt: skip
+
+
 def _models_route(r: APIRouter, state: ServerState) -> None:
     @r.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {
-            "object": "list",
-            "data": [
-                {
-                    "id": state.served_model_name,
-                    "object": "model",
-                    "created": state.created,
-                    "owned_by": "kvadmit",
-                    "root": state.runner.backend.model_path,
-                    "max_model_len": state.context_len,
-                }
-            ],
-        }
+        """0.5.22's `available_models`: a ModelList of the served model."""
+        return {"object": "list", "data": [_model_card(state, state.served_model_name)]}
+
+    @r.get("/v1/models/{model:path}")
+    async def retrieve_model(model: str) -> Response:
+        """0.5.22's `retrieve_model`: the card, or a 404 with `code` "model_not_found"."""
+        if model != state.served_model_name:
+            error = {"message": f"The model '{model}' does not exist", "type": "invalid_request_error",
+                     "param": "model", "code": "model_not_found"}  # fmt: skip
+            return JSONResponse({"error": error}, status_code=404)
+        return JSONResponse(_model_card(state, model))
 
 
 def _completion_routes(r: APIRouter, state: ServerState) -> None:

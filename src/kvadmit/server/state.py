@@ -9,6 +9,7 @@ from typing import Any
 from starlette.concurrency import run_in_threadpool
 
 from kvadmit.server.errors import APIError
+from kvadmit.server.load import LoadCounters
 from kvadmit.server.protocol import check_lengths
 from kvadmit.server.runner import EngineRunner
 
@@ -23,6 +24,10 @@ class ServerState:
     health_timeout: float = 20.0
     created: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+    load: LoadCounters = field(default_factory=LoadCounters)  # attached to the engine by build_state
+    accelerator: str | None = None  # the GPU's name (SGLang's get_device_name); None on CPU and simulated
+    # what SGLang's scheduler reports at start-up: status, pool size, max_req_input_len, startup_time
+    scheduler_info: dict[str, Any] = field(default_factory=dict)
 
     @property
     def tokenizer(self) -> Any:

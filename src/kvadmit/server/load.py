@@ -1,0 +1,165 @@
+"""The load a router polls, read from the live scheduler: SGLang 0.5.22's `LoadSnapshot` (what `/v1/loads`
+answers, `managers/load_snapshot.py` and `scheduler_components/load_inquirer.py`) and the older
+`GetLoadReqOutput` row of `/get_load` (0.5.9's `scheduler_metrics_mixin.get_load`, the last shape that
+sglang-router 0.3.x reads).
+
+`LoadCounters` listens to the engine (events and steps) for what the snapshot accumulates: the generation
+throughput, the cache hit rate, the prefill totals and the decode step-time moments. `load_snapshot`
+reads the scheduler; it runs on the engine thread (through `EngineRunner.call`)."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from kvadmit.scheduler.events import DecodeBatchStats, PrefillBatchStats, Retraction
+
+if TYPE_CHECKING:
+    from kvadmit.engine import Engine
+    from kvadmit.executor.base import StepResult
+    from kvadmit.scheduler.scheduler import Scheduler
+    from kvadmit.scheduler.types import ScheduledBatch
+
+CACHE_AWARE_POLICIES = ("lpm", "dfs-weight")  # the orders that match waiting requests against the cache
+HIT_RATE_WINDOW_S = 15.0  # SGLANG_CACHE_HIT_RATE_WINDOW_SECONDS' default
+# The sections `include=` may name (0.5.22's LoadSnapshot.VALID_SECTIONS) and the key each adds.
+VALID_SECTIONS = ("all", "core", "disagg", "lora", "memory", "queues", "spec")
+SECTION_KEYS = {"memory": "memory", "spec": "speculative", "lora": "lora", "disagg": "disaggregation",
+                "queues": "queues"}  # fmt: skip
+
+DISAGG_QUEUES = ("prefill_bootstrap_queue_reqs", "prefill_inflight_queue_reqs", "decode_prealloc_queue_reqs",
+                 "decode_transfer_queue_reqs", "decode_retracted_queue_reqs")  # fmt: skip
+
+
+class LoadCounters:
+    """What the load snapshot accumulates between polls (engine thread only)."""
+
+    def __init__(self) -> None:
+        self.gen_throughput = 0.0  # tokens/s over the last decode report's interval, as SGLang's stats
+        self.cache_hit_rate = 0.0  # the last prefill batch's hit tokens / (hit + computed)
+        self.last_retracted = 0  # requests retracted since the previous report (SGLang's stats)
+        self.total_prefill_uncached_tokens = 0
+        self.total_prefill_busy_us = 0
+        # decode steps, Σ batch size, Σ step µs, Σ batch size², Σ batch size × step µs, Σ tokens generated
+        self.decode_moments = [0.0] * 6
+        self._last_decode_report: float | None = None
+        self._prefills: deque[tuple[float, int, int]] = deque()  # (monotonic time, hit tokens, all tokens)
+
+    def recent_hit_rate(self, now: float) -> float:
+        """Hit tokens / prefilled tokens over the prefills of the last HIT_RATE_WINDOW_S seconds."""
+        while self._prefills and self._prefills[0][0] <= now - HIT_RATE_WINDOW_S:
+            self._prefills.popleft()
+        hit = sum(h for _, h, _ in self._prefills)
+        total = sum(t for _, _, t in self._prefills)
+        return hit / total if total else 0.0
+
+    def attach(self, engine: Engine) -> None:
+        engine.observers.append(self.on_event)
+        engine.step_observers.append(self.on_step)
+
+    def on_event(self, event: Any, now: float) -> None:
+        if isinstance(event, Retraction):
+            self.last_retracted = len(event.rids)
+        elif isinstance(event, PrefillBatchStats):
+            total = event.hit_tokens_for_rate + event.input_tokens_for_rate
+            if total:
+                self.cache_hit_rate = event.hit_tokens_for_rate / total
+                self._prefills.append((time.monotonic(), event.hit_tokens_for_rate, total))
+        elif isinstance(event, DecodeBatchStats):
+            if self._last_decode_report is not None and now > self._last_decode_report:
+                self.gen_throughput = event.generated_tokens / (now - self._last_decode_report)
+            self._last_decode_report = now
+
+    def on_step(self, batch: ScheduledBatch, result: StepResult, now: float) -> None:
+        step_us = int(result.seconds * 1e6)
+        if batch.kind == "prefill":
+            self.total_prefill_busy_us += step_us
+            if batch.stats is not None:
+                self.total_prefill_uncached_tokens += batch.stats.new_token
+            return
+        b = len(batch.reqs)
+        if b == 0 or step_us <= 0:
+            return
+        for i, value in enumerate((1, b, step_us, b * b, b * step_us, b)):
+            self.decode_moments[i] += float(value)
+
+
+def _pool_used(s: Scheduler) -> int:
+    return s.max_total_num_tokens - s.pool.available_size() - s.cache.evictable_size()
+
+
+def load_snapshot(s: Scheduler, counters: LoadCounters) -> dict[str, Any]:
+    """One DP rank's LoadSnapshot with every section kvadmit has, keys in 0.5.22's order. `memory`,
+    `speculative` and `lora` are left out, as SGLang leaves them out when it has no numbers for them."""
+    used = _pool_used(s)
+    waiting_tokens = sum(r.seqlen for r in s.waiting)
+    # Tokens still to prefill (load_inquirer's get_num_waiting_uncached_tokens): under a cache-aware order
+    # each waiting request's tokens beyond its matched prefix, otherwise its tokens times the recent miss
+    # rate, rounded down per request; plus what the chunked request has not prefilled yet.
+    if s.order.effective_policy(s.waiting) in CACHE_AWARE_POLICIES:
+        uncached = sum(max(0, r.seqlen - r.prefix_len) for r in s.waiting)
+    else:
+        miss = 1.0 - counters.recent_hit_rate(time.monotonic())
+        uncached = sum(int(r.seqlen * miss) for r in s.waiting)
+    if s.chunked_req is not None:
+        uncached += max(0, s.chunked_req.seqlen - s.chunked_req.prefix_len)
+    moments = counters.decode_moments
+    return {
+        "timestamp": time.time(),
+        "dp_rank": 0,
+        "num_running_reqs": len(s.running.reqs),
+        "num_waiting_reqs": len(s.waiting),
+        "num_waiting_uncached_tokens": uncached,
+        "num_used_tokens": used,
+        "num_total_tokens": used + waiting_tokens,
+        "num_active_tokens": used + waiting_tokens,  # no KV awaits a transfer outside PD decode
+        "num_prealloc_ready_tokens": 0,
+        "max_total_num_tokens": s.max_total_num_tokens,
+        "max_running_requests": s.max_running_requests,
+        "token_usage": round(used / s.max_total_num_tokens, 4),
+        "gen_throughput": round(counters.gen_throughput, 2),
+        "cache_hit_rate": round(counters.cache_hit_rate, 4),
+        "utilization": 0.0,  # 0.5.22 has no setter for it: 0 outside PD prefill
+        "total_prefill_uncached_tokens": counters.total_prefill_uncached_tokens,
+        "total_prefill_busy_us": counters.total_prefill_busy_us,
+        "decode_moments": list(moments) if moments[0] > 0 else None,
+        "disaggregation": {"mode": "null", **dict.fromkeys(DISAGG_QUEUES, 0),
+                           "kv_transfer_speed_gb_s": 0.0, "kv_transfer_latency_ms": 0.0},
+        "queues": {"waiting": len(s.waiting), "grammar": 0, "paused": 0, "retracted": counters.last_retracted,
+                   "prealloc_ready": 0},
+    }  # fmt: skip
+
+
+def sections(include: str | None) -> set[str] | None:
+    """`include=a,b` as a set (None: everything); ValueError with 0.5.22's message for an unknown one."""
+    if not include:
+        return None
+    wanted = {part.strip() for part in include.split(",")}
+    unknown = wanted - set(VALID_SECTIONS)
+    if unknown:
+        raise ValueError(f"Invalid include sections: {unknown}. Valid options: {sorted(VALID_SECTIONS)}")
+    return None if "all" in wanted else wanted
+
+
+def select(snapshot: dict[str, Any], wanted: set[str] | None) -> dict[str, Any]:
+    """The core keys, plus the sections `wanted` names (all of them for None), as LoadSnapshot.to_dict."""
+    dropped = set(SECTION_KEYS.values()) if wanted is not None else set()
+    if wanted is not None:
+        dropped -= {SECTION_KEYS[name] for name in wanted if name in SECTION_KEYS}
+    return {k: v for k, v in snapshot.items() if k not in dropped}
+
+
+def legacy_load(s: Scheduler) -> dict[str, Any]:
+    """One `/get_load` row (0.5.9's GetLoadReqOutput as FastAPI serialises it, the request-id fields of
+    its base class included): the pool's used tokens plus the waiting requests' tokens. `dp_rank` is null,
+    as a scheduler launched without data parallelism has none."""
+    return {
+        "rid": None,
+        "http_worker_ipc": None,
+        "dp_rank": None,
+        "num_reqs": len(s.running.reqs) + len(s.waiting),
+        "num_waiting_reqs": len(s.waiting),
+        "num_tokens": _pool_used(s) + sum(r.seqlen for r in s.waiting),
+        "ts_tic": time.perf_counter(),
+    }
