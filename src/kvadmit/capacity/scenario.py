@@ -3,20 +3,32 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any, TextIO
 
 from kvadmit.capacity.answer import answer
-from kvadmit.capacity.snapshot import Snapshot, SnapshotError, parse_snapshot
+from kvadmit.capacity.snapshot import SnapshotError, parse_snapshot
+from kvadmit.config import ConfigError
 from kvadmit.errors import UsageError
 
 
 class ScenarioError(ValueError):
-    """The scenario file cannot be read or parsed; the message names the file, line and problem."""
+    """The scenario file cannot be read at all; the message names the file and the problem."""
 
 
-def load_snapshots(path: str) -> tuple[list[Snapshot], bool]:
-    """(snapshots, is_many). A file holding one JSON value is one snapshot (or a list of them);
-    otherwise every non-empty line must be one."""
+@dataclass(frozen=True, slots=True)
+class Item:
+    """One snapshot of the file, where it is ("FILE, line 3"), and its decoded JSON, or why it has none."""
+
+    where: str
+    data: Any = None
+    error: str | None = None
+
+
+def load_items(path: str) -> tuple[list[Item], bool]:
+    """(items, is_many). A file holding one JSON value is one snapshot (or a list of them); otherwise
+    every non-empty line is one. A line that is not JSON is an item with its error, so the lines after
+    it are still answered."""
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()
@@ -30,48 +42,59 @@ def load_snapshots(path: str) -> tuple[list[Snapshot], bool]:
         whole: Any = json.loads(text)
     except json.JSONDecodeError:
         whole = None
-    try:
-        if isinstance(whole, list):
-            return [_parse(item, f"{path}: item {i}") for i, item in enumerate(whole)], True
-        if whole is not None:
-            return [_parse(whole, path)], False
-        snapshots = []
-        for number, line in enumerate(text.splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                data = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ScenarioError(
-                    f"{path}, line {number}: not valid JSON ({e.msg}, column {e.colno})"
-                ) from None
-            snapshots.append(_parse(data, f"{path}, line {number}"))
-        return snapshots, True
-    except SnapshotError as e:
-        raise ScenarioError(str(e)) from None
-
-
-def _parse(data: Any, where: str) -> Snapshot:
-    try:
-        return parse_snapshot(data)
-    except SnapshotError as e:
-        raise SnapshotError(f"{where}: {e}") from None
-
-
-def run_scenario_file(path: str, *, as_json: bool, out: TextIO) -> int:
-    try:
-        snapshots, many = load_snapshots(path)
-        answers = [answer(s) for s in snapshots]
-    except (ScenarioError, SnapshotError) as e:
-        raise UsageError(str(e)) from None
-    for i, ans in enumerate(answers):
-        if as_json or many:
-            out.write(json.dumps(ans) + "\n")
+    if isinstance(whole, list):
+        return [Item(f"{path}: item {i}", item) for i, item in enumerate(whole)], True
+    if whole is not None:
+        return [Item(path, whole)], False
+    items = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
             continue
-        if i:
-            out.write("\n")
-        out.write(_human(ans) + "\n")
-    return 0
+        where = f"{path}, line {number}"
+        try:
+            items.append(Item(where, json.loads(line)))
+        except json.JSONDecodeError as e:
+            items.append(Item(where, error=f"not valid JSON ({e.msg}, column {e.colno})"))
+    return items, True
+
+
+def answer_item(item: Item) -> dict[str, Any]:
+    """The answer to one snapshot; SnapshotError names the snapshot and what is wrong with it (a field, or a
+    server the scheduler refuses, such as a pool of fewer than two pages)."""
+    if item.error is not None:
+        raise SnapshotError(f"{item.where}: {item.error}")
+    try:
+        return answer(parse_snapshot(item.data))
+    except (SnapshotError, ConfigError) as e:
+        raise SnapshotError(f"{item.where}: {e}") from None
+
+
+def run_scenario_file(path: str, *, as_json: bool, out: TextIO, err: TextIO) -> int:
+    """Answer every snapshot in order. An invalid one gets one line on `err` naming it, and, where answers
+    are JSON lines, an {"error": ...} line in its place so that answer N stays snapshot N; the exit
+    status is then 2 (after every valid snapshot was answered)."""
+    try:
+        items, many = load_items(path)
+    except ScenarioError as e:
+        raise UsageError(str(e)) from None
+    if not many:
+        try:
+            ans = answer_item(items[0])
+        except SnapshotError as e:
+            raise UsageError(str(e)) from None
+        out.write((json.dumps(ans) if as_json else _human(ans)) + "\n")
+        return 0
+    invalid = 0
+    for item in items:
+        try:
+            out.write(json.dumps(answer_item(item)) + "\n")
+        except SnapshotError as e:
+            invalid += 1
+            err.write(f"kvadmit capacity: error: {e}\n")
+            out.write(json.dumps({"error": str(e)}) + "\n")
+    if invalid and len(items) > 1:
+        err.write(f"kvadmit capacity: {invalid} of {len(items)} snapshots are invalid (answered the rest)\n")
+    return 2 if invalid else 0
 
 
 def _human(ans: dict[str, Any]) -> str:

@@ -38,7 +38,7 @@ def run(ns: argparse.Namespace) -> int:
     if ns.scenario:
         from kvadmit.capacity.scenario import run_scenario_file
 
-        return run_scenario_file(ns.scenario, as_json=ns.json, out=sys.stdout)
+        return run_scenario_file(ns.scenario, as_json=ns.json, out=sys.stdout, err=sys.stderr)
     from kvadmit.capacity.fit import CapacityError, FitQuestion, explain_fit
 
     if ns.max_total_tokens is None or ns.input_len is None or ns.output_len is None:
