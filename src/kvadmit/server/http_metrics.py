@@ -10,6 +10,8 @@ from starlette.routing import Match
 
 from kvadmit.server.metrics import ServerMetrics
 
+_MAX_REMEMBERED = 1024
+
 
 def route_path(scope: Any) -> str:
     """The path of the first route that matches the request in full, else the request's own path."""
@@ -28,12 +30,24 @@ class CountHTTP:
     def __init__(self, app: Any, metrics: ServerMetrics) -> None:
         self.app = app
         self.metrics = metrics
+        # (method, path) → endpoint: the routes are matched once per distinct request line, not per
+        # request. Bounded, since unmatched paths are the client's to choose.
+        self._endpoints: dict[tuple[str, str], str] = {}
+
+    def _endpoint(self, scope: Any) -> str:
+        key = (scope["method"], scope["path"])
+        endpoint = self._endpoints.get(key)
+        if endpoint is None:
+            endpoint = route_path(scope)
+            if len(self._endpoints) < _MAX_REMEMBERED:
+                self._endpoints[key] = endpoint
+        return endpoint
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        endpoint, method = route_path(scope), scope["method"]
+        endpoint, method = self._endpoint(scope), scope["method"]
         self.metrics.http_request_started(endpoint, method)
 
         async def counting_send(message: Any) -> None:
