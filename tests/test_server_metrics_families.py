@@ -301,3 +301,14 @@ def test_the_cache_tells_its_observer_of_evictions_but_not_of_a_flush() -> None:
     assert observer.passes == [10]
     cache.reset()  # flush_cache frees the other leaf: not an eviction
     assert observer.passes == [10] and pool.available_size() == 100
+
+
+def test_decode_sum_seq_lens_is_the_last_decode_reports_kv_length(tmp_path: Path) -> None:
+    cost = write_cost_model(tmp_path / "cost.json")
+    argv = ["--simulate", cost, "--enable-metrics", "--decode-log-interval", "1"]
+    with running_server(argv) as srv:
+        complete(srv, "q" * 40)
+        wait_idle(srv)
+        f = scrape(srv)
+    # The last decode step sampled the 5th token from the 4th: 40 prompt + 4 output tokens have KV.
+    assert value(f, "sglang:decode_sum_seq_lens") == 44
