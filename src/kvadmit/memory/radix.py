@@ -59,6 +59,15 @@ def _common_len(node_key: list[int], key: list[int], pos: int, end: int, page: i
     return i - i % page
 
 
+class EvictionObserver(Protocol):
+    """Told of every eviction pass that freed slots (a flush is not one), with its duration on the
+    observer's own clock: the cache itself reads no clock."""
+
+    def clock(self) -> float: ...
+
+    def evicted(self, tokens: int, seconds: float) -> None: ...
+
+
 class RadixCache:
     """The prefix cache. Methods that take a request update its kv / cached_len / last_node as noted."""
 
@@ -67,6 +76,7 @@ class RadixCache:
     def __init__(self, pool: TokenPool, page_size: int = 1) -> None:
         self.pool = pool
         self.page_size = page_size
+        self.eviction_observer: EvictionObserver | None = None
         self._tick = 0
         self.reset_tree()
 
@@ -90,7 +100,7 @@ class RadixCache:
         """Drop every cached entry, freeing its slots (flush_cache). Locked entries must not exist."""
         if self._protected:
             raise RuntimeError("cannot flush the prefix cache while requests hold locked entries")
-        self.evict(self._evictable)
+        self._evict(self._evictable)
         self.reset_tree()
 
     def _child_key(self, key: list[int], pos: int = 0) -> object:
@@ -228,6 +238,16 @@ class RadixCache:
     def evict(self, num_tokens: int) -> int:
         """Evict least-recently-used unlocked leaves until at least `num_tokens` tokens are freed (or
         nothing evictable is left). Whole leaves go: the count freed may exceed the request."""
+        observer = self.eviction_observer
+        if observer is None:
+            return self._evict(num_tokens)
+        started = observer.clock()
+        freed = self._evict(num_tokens)
+        if freed:
+            observer.evicted(freed, observer.clock() - started)
+        return freed
+
+    def _evict(self, num_tokens: int) -> int:
         if num_tokens <= 0 or self._evictable == 0:
             return 0
         if len(self._heap) > 8 * self._nodes + 64:

@@ -103,6 +103,7 @@ class AdmissionPass:
         self.new_chunked_req: Req | None = None
         self.log_hit_tokens = 0
         self.log_input_tokens = 0
+        self.reprocessed_log_input_tokens = 0  # the part of log_input_tokens that retracted requests redo
 
         self.current_offset = 0
         self._charges: list[int] = []  # what each admission added to total_offset, in order
@@ -181,7 +182,7 @@ class AdmissionPass:
             return AddResult.OTHER
         return AddResult.CONTINUE
 
-    def _charge(self, prefix_len: int, extend: int, reserved_new: int) -> None:
+    def _charge(self, prefix_len: int, extend: int, reserved_new: int, retracted: bool = False) -> None:
         """SGLang's _update_prefill_budget: an admitted prefill of `extend` tokens (page-ceiled) plus
         one page of overhead, plus the output tokens it reserves."""
         e = ceil_page(extend, self.page_size)
@@ -193,7 +194,10 @@ class AdmissionPass:
         if self.rem_chunk_tokens is not None:
             self.rem_chunk_tokens -= e
         self.log_hit_tokens += prefix_len
-        self.log_input_tokens += extend if self.profile.log_raw_input_tokens else e
+        logged = extend if self.profile.log_raw_input_tokens else e
+        self.log_input_tokens += logged
+        if retracted:
+            self.reprocessed_log_input_tokens += logged
 
     # ----- the in-flight chunked request -------------------------------------------------------
     def add_chunked_req(self, req: Req) -> Req | None:
@@ -209,7 +213,7 @@ class AdmissionPass:
         req.fill_len = req.prefix_len + extend
         self.can_run_list.append(req)
         reserved = 0 if truncated else min(req.max_new_tokens, self.clip)
-        self._charge(0, extend, reserved)  # continuations log no cached tokens
+        self._charge(0, extend, reserved, req.is_retracted)  # continuations log no cached tokens
         return req if truncated else None
 
     # ----- a waiting request -----------------------------------------------------------------
@@ -280,7 +284,7 @@ class AdmissionPass:
         req.kv = req.match_slots[:]  # a copy: the request's own slot array grows from here
         req.cached_len = len(req.match_slots)
         self.can_run_list.append(req)
-        self._charge(req.prefix_len, extend, reserved)
+        self._charge(req.prefix_len, extend, reserved, req.is_retracted)
         return True
 
     def _add_one_req_ignore_eos(self, req: Req) -> AddResult:

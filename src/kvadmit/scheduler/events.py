@@ -21,6 +21,7 @@ class PrefillBatchStats:
     new_token_ratio: float  # the ratio admission used
     hit_tokens_for_rate: int  # cached tokens of non-retracted requests (for sglang:cache_hit_rate)
     input_tokens_for_rate: int
+    reprocessed_input_tokens: int = 0  # of input_tokens_for_rate, those of retracted requests (recomputed)
 
     def with_queue(self, queue_req: int) -> PrefillBatchStats:
         """The same stats with another queue length (dataclasses.replace, without its field-by-field
@@ -37,6 +38,7 @@ class PrefillBatchStats:
             self.new_token_ratio,
             self.hit_tokens_for_rate,
             self.input_tokens_for_rate,
+            self.reprocessed_input_tokens,
         )
 
 
@@ -49,6 +51,7 @@ class DecodeBatchStats:
     token_usage: float
     queue_req: int
     generated_tokens: int  # tokens generated since the previous decode line (for gen throughput)
+    sum_seq_lens: int = 0  # Σ KV length of the batch's requests after the step (sglang:decode_sum_seq_lens)
 
 
 @dataclass(frozen=True, slots=True)

@@ -103,6 +103,8 @@ class StepResults:
                     token_usage=used / self.max_total_num_tokens,
                     queue_req=len(self.waiting),
                     generated_tokens=self._generated_since_log,
+                    # The step wrote the KV of each request's input token; the token it sampled has none yet.
+                    sum_seq_lens=sum(r.seqlen for r in batch.reqs) - len(batch.reqs),
                 )
             )
             self._generated_since_log = 0

@@ -277,6 +277,7 @@ class Scheduler(RequestIntake, DecodeMemory, StepResults):
             new_token_ratio=self.ratio.current,
             hit_tokens_for_rate=hit,
             input_tokens_for_rate=adder.log_input_tokens,
+            reprocessed_input_tokens=adder.reprocessed_log_input_tokens,
         )
 
     def _alloc_kv(self, req: Req, n: int) -> None:

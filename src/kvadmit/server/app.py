@@ -112,6 +112,10 @@ def create_app(state: ServerState) -> FastAPI:
                 )
             return await call_next(request)
 
+    if state.enable_metrics and state.runner.metrics is not None:
+        from kvadmit.server.http_metrics import CountHTTP
+
+        app.add_middleware(CountHTTP, metrics=state.runner.metrics)  # a 401 is counted too
     app.add_middleware(StampReceipt)  # added last: the outermost layer, the first to see a request
     app.include_router(native_api.router(state))
     app.include_router(openai_api.router(state))

@@ -29,6 +29,10 @@ class Backend:
     device: str
     dtype: str
     available_mem_gb: float
+    # What the device holds for the weights and the KV pool (sglang:weight_memory_usage_gb and
+    # kv_cache_memory_usage_gb); a simulated GPU holds nothing, so 0.
+    weight_bytes: int = 0
+    kv_cache_bytes: int = 0
     simulated: bool = False
     output_lengths: dict[str, int] = field(default_factory=dict)  # simulated: rid → true output length
 
@@ -114,9 +118,10 @@ def model_backend(
         max_total_tokens=max_total_tokens, mem_fraction_static=mem_fraction_static,
     )  # fmt: skip
     eos = m.tokenizer.eos_token_id
+    executor = TorchExecutor(m.model, m.pool_size)
     return Backend(
         tokenizer=m.tokenizer,
-        executor=TorchExecutor(m.model, m.pool_size),
+        executor=executor,
         pool_size=m.pool_size,
         context_len=context_length or m.model.cfg.max_position_embeddings,
         eos_token_ids=frozenset({eos} if eos is not None else set()),
@@ -125,4 +130,6 @@ def model_backend(
         device=m.device,
         dtype=m.dtype,
         available_mem_gb=m.available_bytes / 2**30,
+        weight_bytes=m.model.weight_bytes(),
+        kv_cache_bytes=sum(t.numel() * t.element_size() for t in executor.kv_pool),
     )

@@ -88,7 +88,11 @@ def build_state(ns: argparse.Namespace, args: ServerArgs) -> Any:
     loaded = time.monotonic()
     metrics = None
     if ns.enable_metrics:
-        metrics = ServerMetrics(name, backend.pool_size, args.page_size, backend.context_len)
+        metrics = ServerMetrics(
+            name, backend.pool_size, args.page_size, backend.context_len,
+            weight_gb=backend.weight_bytes / 2**30, kv_cache_gb=backend.kv_cache_bytes / 2**30,
+            available_gb=backend.available_mem_gb,
+        )  # fmt: skip
     emit = logging.getLogger("kvadmit.server").info
     runner = EngineRunner(
         backend, args, metrics=metrics, emit_log=emit, watchdog_timeout=ns.watchdog_timeout,

@@ -3,12 +3,16 @@ table: observe/metric_names.py), so existing SGLang dashboards and alerts work u
 
 Scheduler-side series are updated from the scheduler's events on the engine thread, when SGLang's
 metrics reporter updates them (each prefill batch, every --decode-log-interval decode batches, and on
-going idle); request-side series (latencies, token counters) from the HTTP side when a request ends.
+going idle); forward seconds after each step; the radix cache's series at each eviction pass;
+request-side series (latencies, token counters) from the HTTP side when a request ends, and the HTTP
+series from the middleware (server/http_metrics.py) around every request.
 """
 
 from __future__ import annotations
 
+import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -17,6 +21,7 @@ from kvadmit.executor.base import StepResult
 from kvadmit.observe import metric_names
 from kvadmit.observe.metric_names import Metric
 from kvadmit.scheduler.events import DecodeBatchStats, Event, PrefillBatchStats, Retraction
+from kvadmit.scheduler.scheduler import Scheduler
 from kvadmit.scheduler.types import ScheduledBatch
 
 # Series that exist from the start with the scheduler's labels (a dashboard sees zeros).
@@ -24,11 +29,17 @@ _TOUCHED = (
     metric_names.NUM_RUNNING_REQS, metric_names.NUM_QUEUE_REQS, metric_names.NUM_GRAMMAR_QUEUE_REQS,
     metric_names.GEN_THROUGHPUT, metric_names.CACHE_HIT_RATE, metric_names.TOKEN_USAGE,
     metric_names.NUM_USED_TOKENS, metric_names.KV_AVAILABLE_TOKENS, metric_names.KV_EVICTABLE_TOKENS,
-    metric_names.KV_USED_TOKENS, metric_names.NEW_TOKEN_RATIO, metric_names.NUM_RETRACTED_REQS,
-    metric_names.NUM_PAUSED_REQS, metric_names.NUM_RETRACTED_REQUESTS,
+    metric_names.KV_USED_TOKENS, metric_names.NEW_TOKEN_RATIO, metric_names.NUM_RETRACTED_REQUESTS,
     metric_names.NUM_RETRACTED_INPUT_TOKENS, metric_names.NUM_RETRACTED_OUTPUT_TOKENS,
-    metric_names.QUEUE_TIME,
+    metric_names.QUEUE_TIME, metric_names.DECODE_SUM_SEQ_LENS, metric_names.FULL_TOKEN_USAGE,
+    metric_names.SWA_TOKEN_USAGE, metric_names.MAMBA_USAGE, metric_names.SWA_AVAILABLE_TOKENS,
+    metric_names.SWA_EVICTABLE_TOKENS, metric_names.SWA_USED_TOKENS, metric_names.MAMBA_AVAILABLE_TOKENS,
+    metric_names.MAMBA_EVICTABLE_TOKENS, metric_names.MAMBA_USED_TOKENS, metric_names.UTILIZATION,
 )  # fmt: skip
+# Gauges registered in prometheus_client's default multiprocess mode: SGLang's scrape labels them by pid.
+_PID_GAUGES = (metric_names.NUM_RETRACTED_REQS, metric_names.NUM_PAUSED_REQS)
+# 0.5.22's default prefix cache class (also under --disable-radix-cache), which names its series.
+CACHE_TYPE = "UnifiedRadixCache"
 _STREAMING_COUNTERS = (metric_names.PROMPT_TOKENS, metric_names.GENERATION_TOKENS, metric_names.NUM_REQUESTS)
 
 
@@ -38,13 +49,43 @@ def _register(metric: Metric, registry: CollectorRegistry) -> Any:
         return Histogram(metric.name, metric.help, metric.labels, buckets=metric.buckets, registry=registry)
     if metric.kind == "counter":
         return Counter(metric.name, metric.help, metric.labels, registry=registry)
-    # The retraction gauge keeps prometheus_client's default multiprocess mode, as it always had.
-    mode = "all" if metric is metric_names.NUM_RETRACTED_REQS else "mostrecent"
+    # SGLang leaves the retraction and pause gauges in prometheus_client's default multiprocess mode ("all"),
+    # and sums the HTTP requests in flight over its processes.
+    mode = "all" if metric in _PID_GAUGES else "mostrecent"
+    if metric is metric_names.HTTP_REQUESTS_ACTIVE:
+        mode = "livesum"
     return Gauge(metric.name, metric.help, metric.labels, registry=registry, multiprocess_mode=mode)
 
 
+class _EvictionMetrics:
+    """The radix cache's eviction observer: each pass that freed slots, its duration and its tokens. As in
+    SGLang, the series appear at the first eviction."""
+
+    def __init__(self, duration: Any, tokens: Any, labels: dict[str, str]) -> None:
+        self.duration = duration
+        self.tokens = tokens
+        self.labels = labels
+
+    def clock(self) -> float:
+        return time.perf_counter()
+
+    def evicted(self, tokens: int, seconds: float) -> None:
+        self.duration.labels(**self.labels).observe(seconds)
+        self.tokens.labels(**self.labels).inc(tokens)
+
+
 class ServerMetrics:
-    def __init__(self, model_name: str, max_total_num_tokens: int, page_size: int, context_len: int):
+    def __init__(
+        self,
+        model_name: str,
+        max_total_num_tokens: int,
+        page_size: int,
+        context_len: int,
+        *,
+        weight_gb: float = 0.0,
+        kv_cache_gb: float = 0.0,
+        available_gb: float = 0.0,
+    ):
         self.registry = CollectorRegistry()
         self._labels = {
             "model_name": model_name, "engine_type": "unified", "tp_rank": "0", "pp_rank": "0",
@@ -57,10 +98,20 @@ class ServerMetrics:
             (metric_names.PAGE_SIZE, page_size),
             (metric_names.CONTEXT_LEN, context_len),
             (metric_names.NUM_PAGES, max_total_num_tokens // page_size),
+            (metric_names.WEIGHT_MEMORY_USAGE_GB, weight_gb),
+            (metric_names.KV_CACHE_MEMORY_USAGE_GB, kv_cache_gb),
+            (metric_names.STARTUP_AVAILABLE_GPU_MEMORY_GB, available_gb),
         ):
             self._sched(metric).set(value)
         for metric in _TOUCHED:
             self._sched(metric)
+        self._pid = str(os.getpid())
+        for metric in _PID_GAUGES:
+            self._sched(metric, pid=self._pid)
+        for mode in ("input", "device_hit", "host_hit", "storage_hit"):  # every operand of a hit-rate ratio
+            self._sched(metric_names.PREFILL_EFFECTIVE_TOKENS, mode=mode)
+        self._max_total = max_total_num_tokens
+        self._read_pool: Callable[[], tuple[int, int]] | None = None  # (available, evictable)
         for mode in ("prefill_compute", "prefill_cache", "decode"):
             self._sched(metric_names.REALTIME_TOKENS, mode=mode)
         for streaming in ("true", "false"):
@@ -80,6 +131,16 @@ class ServerMetrics:
         return self._series[metric].labels(**self._req_labels, **extra)
 
     # ----- scheduler side (engine thread) ---------------------------------------------------------
+    def attach(self, scheduler: Scheduler) -> None:
+        """Read the pool at each report (as SGLang's pool observer does) and time the cache's evictions."""
+        pool, cache = scheduler.pool, scheduler.cache
+        self._read_pool = lambda: (pool.available_size(), cache.evictable_size())
+        labels = {"cache_type": CACHE_TYPE, "tp_rank": "0", "pp_rank": "0", "dp_rank": "0"}
+        cache.eviction_observer = _EvictionMetrics(
+            self._series[metric_names.EVICTION_DURATION], self._series[metric_names.EVICTED_TOKENS], labels
+        )
+        self._publish_pool()  # the empty pool, before the first report
+
     def on_event(self, event: Event, now: float) -> None:
         m = metric_names
         if isinstance(event, Retraction):
@@ -92,14 +153,22 @@ class ServerMetrics:
         elif isinstance(event, PrefillBatchStats):
             self._batch_state(event)
             self._sched(m.NEW_TOKEN_RATIO).set(event.new_token_ratio)
-            total = event.hit_tokens_for_rate + event.input_tokens_for_rate
-            if total:
-                self._sched(m.CACHE_HIT_RATE).set(event.hit_tokens_for_rate / total)
+            # Retracted requests' recomputed tokens are left out (0.5.22's "effective" tokens); a report
+            # with none left sets the rate to 0 rather than keeping the previous one.
+            hit = event.hit_tokens_for_rate
+            computed = event.input_tokens_for_rate - event.reprocessed_input_tokens
+            total = hit + computed
+            self._sched(m.CACHE_HIT_RATE).set(hit / total if total > 0 else 0.0)
+            if computed > 0:
+                self._sched(m.PREFILL_EFFECTIVE_TOKENS, mode="input").inc(computed)
+            if hit > 0:  # one tier: every cached token is on the device
+                self._sched(m.PREFILL_EFFECTIVE_TOKENS, mode="device_hit").inc(hit)
             self._sched(m.REALTIME_TOKENS, mode="prefill_compute").inc(event.new_token)
             self._sched(m.REALTIME_TOKENS, mode="prefill_cache").inc(event.cached_token)
             self._report_retracted()
         elif isinstance(event, DecodeBatchStats):
             self._batch_state(event)
+            self._sched(m.DECODE_SUM_SEQ_LENS).set(event.sum_seq_lens)
             elapsed = now - self._last_decode_report
             self._last_decode_report = now
             if elapsed > 0:
@@ -111,27 +180,40 @@ class ServerMetrics:
         self._sched(metric_names.NUM_QUEUE_REQS).set(event.queue_req)
         self._sched(metric_names.TOKEN_USAGE).set(round(event.token_usage, 2))
         self._sched(metric_names.NUM_USED_TOKENS).set(event.num_used_tokens)
+        self._publish_pool()
+
+    def _publish_pool(self) -> None:
+        """The full-attention pool as it is now: free, cache-only and in-use slots, and the in-use share
+        unrounded (token_usage is the same share rounded to 2 places)."""
+        if self._read_pool is None:
+            return
+        available, evictable = self._read_pool()
+        used = self._max_total - available - evictable
+        self._sched(metric_names.KV_AVAILABLE_TOKENS).set(available)
+        self._sched(metric_names.KV_EVICTABLE_TOKENS).set(evictable)
+        self._sched(metric_names.KV_USED_TOKENS).set(used)
+        self._sched(metric_names.FULL_TOKEN_USAGE).set(used / self._max_total)
 
     def _report_retracted(self) -> None:
         # SGLang copies the last retraction's count into the next report, then resets it: a scrape
         # sees it only until the following report. Use the _total counter for rates.
-        self._sched(metric_names.NUM_RETRACTED_REQS).set(self._last_retracted)
+        self._sched(metric_names.NUM_RETRACTED_REQS, pid=self._pid).set(self._last_retracted)
         self._last_retracted = 0
-
-    def set_pool(self, available: int, evictable: int, used: int) -> None:
-        self._sched(metric_names.KV_AVAILABLE_TOKENS).set(available)
-        self._sched(metric_names.KV_EVICTABLE_TOKENS).set(evictable)
-        self._sched(metric_names.KV_USED_TOKENS).set(used)
+        self._sched(metric_names.NUM_PAUSED_REQS, pid=self._pid).set(0)  # no weight updates pause requests
 
     def publish_idle(self, queue: int) -> None:
         self._sched(metric_names.NUM_RUNNING_REQS).set(0)
         self._sched(metric_names.NUM_QUEUE_REQS).set(queue)
         self._sched(metric_names.GEN_THROUGHPUT).set(0)
+        self._publish_pool()
 
     def on_arrival(self, rid: str, t: float) -> None:
         self._arrivals[rid] = t
 
     def on_step(self, batch: ScheduledBatch, result: StepResult, now: float) -> None:
+        # The executor's measured seconds, in SGLang's ForwardMode categories (a prefill is "extend").
+        category = "decode" if batch.kind == "decode" else "extend"
+        self._sched(metric_names.FORWARD_EXECUTION_SECONDS, category=category).inc(result.seconds)
         if batch.kind == "decode":
             self._sched(metric_names.REALTIME_TOKENS, mode="decode").inc(len(batch.reqs))
             return
@@ -178,6 +260,19 @@ class ServerMetrics:
         itl = self._req(m.INTER_TOKEN_LATENCY)
         for gap in itls:
             itl.observe(gap)
+
+    # ----- HTTP (the middleware, event loop) ------------------------------------------------------
+    def http_request_started(self, endpoint: str, method: str) -> None:
+        self._series[metric_names.HTTP_REQUESTS].labels(endpoint=endpoint, method=method).inc()
+        self._series[metric_names.HTTP_REQUESTS_ACTIVE].labels(endpoint=endpoint, method=method).inc()
+
+    def http_response(self, endpoint: str, method: str, status: int) -> None:
+        self._series[metric_names.HTTP_RESPONSES].labels(
+            endpoint=endpoint, status_code=str(status), method=method
+        ).inc()
+
+    def http_request_ended(self, endpoint: str, method: str) -> None:
+        self._series[metric_names.HTTP_REQUESTS_ACTIVE].labels(endpoint=endpoint, method=method).dec()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

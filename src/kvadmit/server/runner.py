@@ -94,6 +94,7 @@ class EngineRunner:
             writer.handle(startup_info(self.scheduler, args, backend.available_mem_gb, device), time.time())
         step_observers = []
         if metrics is not None:
+            metrics.attach(self.scheduler)
             observers.append(metrics.on_event)
             step_observers.append(metrics.on_step)
         if step_trace is not None:
@@ -198,7 +199,6 @@ class EngineRunner:
                 self._idle = True
                 self.last_progress = time.monotonic()
                 if not self._idle_published and self.metrics is not None:
-                    self._publish_pool()
                     self.metrics.publish_idle(len(self.scheduler.waiting))
                     self._idle_published = True
                 self._mailbox.wait(0.5)
@@ -221,13 +221,6 @@ class EngineRunner:
         row, self._step_row = self._step_row, None
         row.update(t=round(ended - self.started, 6), seconds=round(ended - begun, 9))
         self.step_trace.write(row)
-
-    def _publish_pool(self) -> None:
-        assert self.metrics is not None
-        s = self.scheduler
-        free = s.pool.available_size()
-        evictable = s.cache.evictable_size()
-        self.metrics.set_pool(free, evictable, s.max_total_num_tokens - free - evictable)
 
     def _submit(self, job: Job) -> None:
         self.submitted += 1
