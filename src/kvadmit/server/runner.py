@@ -29,7 +29,7 @@ from kvadmit.request import MAX_NEW_TOKENS_UNSET, FinishKind, Req
 from kvadmit.scheduler.scheduler import Scheduler
 from kvadmit.scheduler.types import ScheduledBatch
 from kvadmit.server.backend import Backend
-from kvadmit.server.channels import Finished, Job, Mailbox, Outbox
+from kvadmit.server.channels import Finished, Job, Mailbox, Outbox, Tokens
 from kvadmit.server.metrics import ServerMetrics
 from kvadmit.server.traces import TraceFile
 from kvadmit.stop_strings import StopStringWatch
@@ -37,6 +37,11 @@ from kvadmit.stop_strings import StopStringWatch
 T = TypeVar("T")
 SHUTDOWN_MESSAGE = "The server is shutting down."
 log = logging.getLogger("kvadmit.server")
+
+
+def _tokens(req: Req, sent: int) -> Tokens:
+    """The tokens of req not sent yet."""
+    return Tokens(req.output_ids[sent:], req.cached_tokens, req.retraction_count)
 
 
 @dataclass(slots=True)
@@ -279,7 +284,7 @@ class EngineRunner:
             if live.first_token_time is None and req.output_ids:
                 live.first_token_time = now
             if live.job.stream_tokens and len(req.output_ids) > live.sent:
-                self._outbox.put(live.job.stream, req.output_ids[live.sent :])
+                self._outbox.put(live.job.stream, _tokens(req, live.sent))
                 live.sent = len(req.output_ids)
 
     def on_finish(self, req: Req, now: float) -> None:
@@ -287,7 +292,7 @@ class EngineRunner:
         if live is None:
             return
         if len(req.output_ids) > live.sent:
-            self._outbox.put(live.job.stream, req.output_ids[live.sent :])
+            self._outbox.put(live.job.stream, _tokens(req, live.sent))
             live.sent = len(req.output_ids)
         reason = req.finished_reason
         if reason is None:
@@ -303,7 +308,7 @@ class EngineRunner:
         live = self._live.get(req.rid)
         return Finished(
             kind, matched, message, status, len(req.origin_input_ids), len(req.output_ids), req.cached_tokens,
-            live.first_token_time if live is not None else None,
+            live.first_token_time if live is not None else None, req.retraction_count,
         )  # fmt: skip
 
     def _end(self, live: _Live, finished: Finished) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 from kvadmit.model.detokenize import IncrementalDetokenizer
 from kvadmit.request import SamplingLimits
 from kvadmit.sampling_params import SamplingParams
-from kvadmit.server.channels import Finished, Job, Stream
+from kvadmit.server.channels import Finished, Job, Stream, Tokens
 from kvadmit.server.runner import EngineRunner
 from kvadmit.stop_strings import cut_at_stop, shown_length
 
@@ -92,6 +92,8 @@ class Session:
                        received=received if received is not None else time.monotonic())  # fmt: skip
         self.text = TextAssembler(runner.backend.tokenizer, stops, skip_special_tokens)
         self.output_ids: list[int] = []
+        self.cached_tokens = 0  # as the engine last reported them (known once the prompt was prefilled)
+        self.retractions = 0
         self.start = time.perf_counter()
         self.start_wall = time.time()
         self.ttft: float | None = None
@@ -123,10 +125,15 @@ class Session:
                     elif self._last_token_at is not None:
                         self._itls.append(now - self._last_token_at)
                     self._last_token_at = now
-                self.output_ids.extend(item)
-                yield Delta(self.text.add(item), item)
+                self._progress(item)
+                yield Delta(self.text.add(item.ids), item.ids)
         finally:
             self.close()
+
+    def _progress(self, tokens: Tokens) -> None:
+        self.output_ids.extend(tokens.ids)
+        self.cached_tokens = tokens.cached_tokens
+        self.retractions = tokens.retractions
 
     def close(self) -> None:
         """If the request has not ended, abort it (the client is gone). Safe to call more than once."""

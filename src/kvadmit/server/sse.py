@@ -22,11 +22,14 @@ def sse(obj: Any) -> bytes:
 DONE = b"data: [DONE]\n\n"
 
 
-async def first_event(session: Session) -> tuple[AsyncIterator[Delta | Outcome], Delta | Outcome | None]:
-    """Start the request and wait for its first event; an immediate rejection raises its APIError."""
+async def first_event(
+    session: Session, reject: bool = True
+) -> tuple[AsyncIterator[Delta | Outcome], Delta | Outcome | None]:
+    """Start the request and wait for its first event; with `reject`, an immediate rejection raises its
+    APIError."""
     events = session.events()
     first = await anext(events, None)
-    if isinstance(first, Outcome) and first.finished.kind == "abort" and not first.output_ids:
+    if reject and isinstance(first, Outcome) and first.finished.kind == "abort" and not first.output_ids:
         raise APIError(first.finished.message, first.finished.status_code)
     return events, first
 
