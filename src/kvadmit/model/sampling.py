@@ -28,6 +28,13 @@ def filtered_probs(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
     return out
 
 
+def token_logprob(logits: torch.Tensor, token: int, p: SamplingParams) -> float:
+    """The token's log probability as SGLang reports it: of the logits scaled by the temperature (1 for a
+    greedy request), before top-k, top-p and min-p cut the distribution."""
+    temperature = 1.0 if p.greedy else p.temperature
+    return float(torch.log_softmax(logits / temperature, dim=-1)[token])
+
+
 class Sampler:
     """Draws one token per request; a seeded request gets its own generator, kept across steps."""
 

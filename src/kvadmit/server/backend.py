@@ -39,8 +39,19 @@ class Backend:
             rng = random.Random(seed if seed is not None else rid)
             self.output_lengths[rid] = rng.randint(1, max_new_tokens)
 
+    def keep_logprobs(self, rid: str) -> None:
+        """Keep the log probability of each token this request samples (a real model's executor only)."""
+        self.executor.logprob_rids.add(rid)  # type: ignore[attr-defined]
+
+    def logprobs(self, rid: str) -> list[float]:
+        """The log probabilities kept for rid so far, one per sampled token."""
+        return getattr(self.executor, "logprobs", {}).get(rid, [])
+
     def forget(self, rid: str) -> None:
         self.output_lengths.pop(rid, None)
+        if not self.simulated:
+            self.executor.logprob_rids.discard(rid)  # type: ignore[attr-defined]
+            self.executor.logprobs.pop(rid, None)  # type: ignore[attr-defined]
 
 
 class RealTimeSimulatedExecutor:

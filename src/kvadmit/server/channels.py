@@ -46,6 +46,7 @@ class Tokens:
     ids: list[int]
     cached_tokens: int  # prompt tokens served from the prefix cache (known once it was first prefilled)
     retractions: int
+    logprobs: list[float] | None = None  # with return_logprob: the new tokens' log probabilities
 
 
 class Stream:
@@ -103,6 +104,7 @@ class Job:
     stream: Stream
     stop: list[str] = field(default_factory=list)
     stream_tokens: bool = True  # False: all tokens come with the end (a non-streaming request)
+    return_logprob: bool = False  # the tokens come with their log probabilities
     received: float = field(default_factory=time.monotonic)  # when its HTTP request reached the app
     handed: float = 0.0  # when the HTTP side handed it to the engine thread (submit)
 

@@ -28,6 +28,7 @@ def meta_info(
     completion_tokens: int,
     cached_tokens: int,
     retractions: int,
+    logprobs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The fields SGLang's tokenizer manager puts in every chunk. reasoning_tokens: 0 (no reasoning
     parser here); cached_tokens_details: where the cached prompt tokens came from, null when none were
@@ -35,15 +36,31 @@ def meta_info(
     details = {"device": cached_tokens, "host": 0} if cached_tokens > 0 else None
     return {
         "id": rid, "finish_reason": finish, "prompt_tokens": prompt_tokens, "weight_version": WEIGHT_VERSION,
-        "num_retractions": retractions, "reasoning_tokens": 0, "completion_tokens": completion_tokens,
-        "cached_tokens": cached_tokens, "cached_tokens_details": details,
+        "num_retractions": retractions, **(logprobs or {}), "reasoning_tokens": 0,
+        "completion_tokens": completion_tokens, "cached_tokens": cached_tokens,
+        "cached_tokens_details": details,
     }  # fmt: skip
 
 
-def response_of(outcome: Outcome, rid: str) -> dict[str, Any]:
+def logprob_fields(logprobs: list[float] | None, ids: list[int], tokenizer: Any) -> dict[str, Any] | None:
+    """return_logprob's fields: output_token_logprobs as [logprob, token id, its text or null] (text with
+    return_text_in_logprobs: a tokenizer given); no input logprobs (SGLang's default logprob_start_len)."""
+    if logprobs is None:
+        return None
+    pairs = zip(logprobs, ids, strict=False)  # equal lengths: the engine sends each token with its own
+    out = [[lp, t, tokenizer.decode([t]) if tokenizer is not None else None] for lp, t in pairs]
+    return {
+        "input_token_logprobs": [],
+        "output_token_logprobs": out,
+        "output_token_logprobs_length": len(out),
+    }
+
+
+def response_of(outcome: Outcome, rid: str, tokenizer: Any = None) -> dict[str, Any]:
     f = outcome.finished
+    lps = logprob_fields(outcome.logprobs, outcome.output_ids, tokenizer)
     meta = meta_info(rid, finish_reason(outcome), f.prompt_tokens, f.completion_tokens, f.cached_tokens,
-                     f.retractions)  # fmt: skip
+                     f.retractions, lps)  # fmt: skip
     meta["e2e_latency"] = outcome.e2e_latency
     return {"text": outcome.text, "output_ids": outcome.output_ids, "meta_info": meta}
 
@@ -53,15 +70,16 @@ class NativeAnswer:
 
     streams_rejections = True  # SGLang's stream has begun (status 200) before the scheduler sees it
 
-    def __init__(self, single: bool) -> None:
+    def __init__(self, single: bool, logprob_tokenizer: Any = None) -> None:
         self.single = single
         self.text = ""  # the streamed text so far
+        self.tokenizer = logprob_tokenizer  # return_text_in_logprobs: what decodes each token's text
 
     def refuses(self, outcome: Outcome) -> bool:
         return outcome.finished.kind == "abort" and not outcome.output_ids
 
     def body(self, sessions: list[Session], outcomes: list[Outcome]) -> Any:
-        out = [response_of(o, s.rid) for o, s in zip(outcomes, sessions, strict=True)]
+        out = [response_of(o, s.rid, self.tokenizer) for o, s in zip(outcomes, sessions, strict=True)]
         return out[0] if self.single else out
 
     def opening(self) -> list[bytes]:
@@ -69,12 +87,13 @@ class NativeAnswer:
 
     def delta(self, session: Session, delta: Delta) -> bytes | None:
         self.text += delta.text
+        lps = logprob_fields(session.logprobs, session.output_ids, self.tokenizer)
         meta = meta_info(session.rid, None, len(session.input_ids), len(session.output_ids),
-                         session.cached_tokens, session.retractions)  # fmt: skip
+                         session.cached_tokens, session.retractions, lps)  # fmt: skip
         return sse({"text": self.text, "output_ids": list(session.output_ids), "meta_info": meta})
 
     def closing(self, session: Session, outcome: Outcome) -> list[bytes]:
-        return [sse(response_of(outcome, session.rid))]
+        return [sse(response_of(outcome, session.rid, self.tokenizer))]
 
     def aborted(self, session: Session, outcome: Outcome) -> list[bytes]:
-        return [sse(response_of(outcome, session.rid))]
+        return [sse(response_of(outcome, session.rid, self.tokenizer))]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -80,15 +81,25 @@ def per_prompt_rids(rid: str | list[str] | None, n: int, single: bool) -> list[s
     return list(rid)
 
 
-def check_logprob(state: ServerState, return_logprob: bool | list[bool]) -> None:
-    """Log probabilities come from a model's logits: never silently left out."""
-    wanted = any(return_logprob) if isinstance(return_logprob, list) else return_logprob
-    if not wanted:
-        return
+def with_logprobs(state: ServerState, body: GenerateBody, samplings: list[Sampling]) -> list[Sampling]:
+    """return_logprob (one for all prompts or one per prompt): each output token's log probability, from
+    the model's logits; never silently left out."""
+    n, asked = len(samplings), body.return_logprob
+    wanted = asked if isinstance(asked, list) else [asked] * n
+    if len(wanted) != n:
+        raise APIError(f"return_logprob has {len(wanted)} entries for {n} prompt(s)", param="return_logprob")
+    if not any(wanted):
+        return samplings
     if state.runner.backend.simulated:
         raise APIError("return_logprob: this server simulates its model (serve --simulate) and has no model "
                        "to compute log probabilities from", param="return_logprob")  # fmt: skip
-    raise APIError("return_logprob is not supported", param="return_logprob")
+    tops = body.top_logprobs_num if isinstance(body.top_logprobs_num, list) else [body.top_logprobs_num]
+    if any(tops):
+        raise APIError("top_logprobs_num is not supported (only 0)", param="top_logprobs_num")
+    texts = body.return_text_in_logprobs
+    return [
+        replace(s, return_logprob=w, text_in_logprobs=texts) for s, w in zip(samplings, wanted, strict=True)
+    ]
 
 
 def router(state: ServerState) -> APIRouter:
@@ -116,14 +127,15 @@ def _generate_route(r: APIRouter, state: ServerState) -> None:
         state.check_accepting()
         prompts, single = await prompts_of(body)
         samplings = per_prompt_sampling(body.sampling_params, len(prompts))
-        check_logprob(state, body.return_logprob)
+        samplings = with_logprobs(state, body, samplings)
         if body.stream and not single:
             raise APIError("streaming takes one prompt; send a batch without stream", param="stream")
         for ids, sampling in zip(prompts, samplings, strict=True):
             state.check_lengths(len(ids), sampling.limits.requested_max_new_tokens, "max_new_tokens")
         rids = per_prompt_rids(body.rid, len(prompts), single)
         submission = Submission(prompts, samplings, body.stream, rids)
-        return await answer(state, request, submission, NativeAnswer(single))
+        form = NativeAnswer(single, state.tokenizer if body.return_text_in_logprobs else None)
+        return await answer(state, request, submission, form)
 
     r.add_api_route("/generate", generate, methods=["POST"])
     r.add_api_route("/generate", generate, methods=["PUT"], include_in_schema=False)

@@ -35,6 +35,8 @@ class GenerateBody(_Body):
     stream: bool = False
     rid: str | list[str] | None = None  # a list: one per prompt
     return_logprob: bool | list[bool] = False  # a list: one per prompt
+    return_text_in_logprobs: bool = False
+    top_logprobs_num: int | list[int] = 0
 
 
 class StreamOptions(_Body):

@@ -34,6 +34,8 @@ class Sampling:
     params: SamplingParams
     stops: list[str]
     skip_special_tokens: bool
+    return_logprob: bool = False  # each output token's log probability (a real model only)
+    text_in_logprobs: bool = False  # each with its text
 
 
 @dataclass(slots=True)
@@ -116,6 +118,7 @@ def _session(
         state.runner, ids, sampling.limits, sampling.params, stops=sampling.stops,
         skip_special_tokens=sampling.skip_special_tokens, streaming=stream,
         is_disconnected=request.is_disconnected, rid=rid, received=getattr(request.state, "received", None),
+        return_logprob=sampling.return_logprob,
     )  # fmt: skip
 
 

@@ -39,11 +39,6 @@ SHUTDOWN_MESSAGE = "The server is shutting down."
 log = logging.getLogger("kvadmit.server")
 
 
-def _tokens(req: Req, sent: int) -> Tokens:
-    """The tokens of req not sent yet."""
-    return Tokens(req.output_ids[sent:], req.cached_tokens, req.retraction_count)
-
-
 @dataclass(slots=True)
 class _Live:
     job: Job
@@ -251,6 +246,8 @@ class EngineRunner:
         self._live[job.rid] = live
         if self.metrics is not None:
             self.metrics.on_arrival(job.rid, time.time())
+        if job.return_logprob:
+            self.backend.keep_logprobs(job.rid)
         if self.engine.submit(req):  # a rejection ends it at once, through on_finish
             # req.max_new_tokens: the budget the scheduler granted (req.sampling keeps the ask)
             self.backend.plan_output(job.rid, req.max_new_tokens, req.sampling.ignore_eos, job.params.seed)
@@ -284,7 +281,7 @@ class EngineRunner:
             if live.first_token_time is None and req.output_ids:
                 live.first_token_time = now
             if live.job.stream_tokens and len(req.output_ids) > live.sent:
-                self._outbox.put(live.job.stream, _tokens(req, live.sent))
+                self._outbox.put(live.job.stream, self._tokens(live))
                 live.sent = len(req.output_ids)
 
     def on_finish(self, req: Req, now: float) -> None:
@@ -292,7 +289,7 @@ class EngineRunner:
         if live is None:
             return
         if len(req.output_ids) > live.sent:
-            self._outbox.put(live.job.stream, _tokens(req, live.sent))
+            self._outbox.put(live.job.stream, self._tokens(live))
             live.sent = len(req.output_ids)
         reason = req.finished_reason
         if reason is None:
@@ -302,6 +299,12 @@ class EngineRunner:
         else:
             end = (reason.kind.value, reason.matched, "", 200)
         self._end(live, self._finished(req, end))
+
+    def _tokens(self, live: _Live) -> Tokens:
+        """The request's tokens not sent yet (with their log probabilities when it asked for them)."""
+        req, sent = live.req, live.sent
+        lps = self.backend.logprobs(req.rid)[sent : len(req.output_ids)] if live.job.return_logprob else None
+        return Tokens(req.output_ids[sent:], req.cached_tokens, req.retraction_count, lps)
 
     def _finished(self, req: Req, end: tuple[str, int | str | None, str, int]) -> Finished:
         kind, matched, message, status = end

@@ -34,6 +34,7 @@ class Outcome:
     e2e_latency: float
     ttft: float | None
     final_delta: str  # text not yet emitted as a Delta
+    logprobs: list[float] | None = None  # with return_logprob: one per output token
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -79,6 +80,7 @@ class Session:
         is_disconnected: Callable[[], Awaitable[bool]],
         rid: str | None = None,
         received: float | None = None,  # monotonic time the HTTP request reached the app
+        return_logprob: bool = False,
     ) -> None:
         import asyncio
 
@@ -89,11 +91,13 @@ class Session:
         self.is_disconnected = is_disconnected
         self.stream = Stream(asyncio.get_running_loop())
         self.job = Job(self.rid, input_ids, limits, params, self.stream, stops, stream_tokens=streaming,
-                       received=received if received is not None else time.monotonic())  # fmt: skip
+                       received=received if received is not None else time.monotonic(),
+                       return_logprob=return_logprob)  # fmt: skip
         self.text = TextAssembler(runner.backend.tokenizer, stops, skip_special_tokens)
         self.output_ids: list[int] = []
         self.cached_tokens = 0  # as the engine last reported them (known once the prompt was prefilled)
         self.retractions = 0
+        self.logprobs: list[float] | None = [] if return_logprob else None  # one per output token
         self.start = time.perf_counter()
         self.start_wall = time.time()
         self.ttft: float | None = None
@@ -134,6 +138,8 @@ class Session:
         self.output_ids.extend(tokens.ids)
         self.cached_tokens = tokens.cached_tokens
         self.retractions = tokens.retractions
+        if self.logprobs is not None and tokens.logprobs is not None:
+            self.logprobs.extend(tokens.logprobs)
 
     def close(self) -> None:
         """If the request has not ended, abort it (the client is gone). Safe to call more than once."""
@@ -159,7 +165,8 @@ class Session:
             completion_tokens=finished.completion_tokens,
             cached=finished.cached_tokens,
         )
-        return Outcome(finished, text, list(self.output_ids), e2e, self.ttft, rest)
+        logprobs = None if self.logprobs is None else list(self.logprobs)
+        return Outcome(finished, text, list(self.output_ids), e2e, self.ttft, rest, logprobs)
 
     def _record(self, *, aborted: bool, completion_tokens: int, cached: int) -> None:
         metrics = self.runner.metrics
