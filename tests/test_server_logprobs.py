@@ -87,5 +87,26 @@ def test_batch_return_logprob_per_prompt_and_no_logprobs_unless_asked(srv: Runni
     out = httpx.post(f"{srv.url}/generate", json=body, timeout=60).json()
     assert "output_token_logprobs" not in out[0]["meta_info"]
     assert out[1]["meta_info"]["output_token_logprobs_length"] == 2
-    r = httpx.post(f"{srv.url}/generate", json={**body, "top_logprobs_num": 2}, timeout=60)
+    assert "output_top_logprobs" not in out[1]["meta_info"]  # none asked
+    r = httpx.post(f"{srv.url}/generate", json={**body, "top_logprobs_num": -1}, timeout=60)
     assert r.status_code == 400 and r.json()["param"] == "top_logprobs_num"
+
+
+def test_top_logprobs_are_the_most_likely_tokens_of_the_model(srv: RunningServer, tiny_model: Path) -> None:
+    sp = {"max_new_tokens": 3, "temperature": 0, "ignore_eos": True}
+    body = {"input_ids": PROMPT, "sampling_params": sp, "return_logprob": True, "top_logprobs_num": 4}
+    out = httpx.post(f"{srv.url}/generate", json=body, timeout=60).json()
+    meta = out["meta_info"]
+    keys = list(meta)
+    assert keys[keys.index("output_token_logprobs_length") + 1 : keys.index("reasoning_tokens")] == [
+        "input_top_logprobs", "output_top_logprobs"]  # fmt: skip
+    assert meta["input_top_logprobs"] == [] and len(meta["output_top_logprobs"]) == 3
+    model = transformers.LlamaForCausalLM.from_pretrained(tiny_model, torch_dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = model(torch.tensor([PROMPT + out["output_ids"]])).logits[0]
+    for k, (step, token) in enumerate(zip(meta["output_top_logprobs"], out["output_ids"], strict=True)):
+        best = torch.log_softmax(logits[len(PROMPT) - 1 + k], dim=-1).topk(4)
+        assert [row[1] for row in step] == best.indices.tolist()
+        assert [row[0] for row in step] == pytest.approx(best.values.tolist(), abs=1e-3)
+        assert step[0][1] == token  # greedy: the sampled token is the most likely
+        assert step[0][0] == meta["output_token_logprobs"][k][0]

@@ -4,7 +4,8 @@ A prefill computes each request's tokens fill_ids()[prefix_len:fill_len] into sl
 fill_len], attending to everything before them; a decode computes each request's last output token into
 slot kv[-1]. Either way the request's slots, in position order, are exactly kv[:end]. Each request's
 next token is drawn with its own sampling parameters (greedy ones by argmax, all in one call). For the
-requests named in logprob_rids, each sampled token's log probability is kept (see token_logprob).
+requests named in logprob_rids, each sampled token's log probability is kept, with the most likely
+tokens' when asked (see token_logprob).
 """
 
 from __future__ import annotations
@@ -27,8 +28,10 @@ class TorchExecutor:
         self.model = model
         self.kv_pool = model.new_kv_pool(pool_size, dtype)
         self.sampler = Sampler(seed)
-        self.logprob_rids: set[str] = set()  # the requests whose tokens' log probabilities are kept
+        # the requests whose tokens' log probabilities are kept: rid → how many top tokens' too
+        self.logprob_rids: dict[str, int] = {}
         self.logprobs: dict[str, list[float]] = {}  # rid → one per sampled token, in order
+        self.top_logprobs: dict[str, list[list[tuple[float, int]]]] = {}  # rid → one list per sampled token
 
     def forward_batch(self, batch: ScheduledBatch) -> ForwardBatch:
         """The model's input for one scheduled batch."""
@@ -59,6 +62,9 @@ class TorchExecutor:
         if self.logprob_rids:
             for i, req in enumerate(batch.reqs):
                 if req.rid in self.logprob_rids and req is not batch.chunked:  # (a chunk's token is dropped)
-                    lp = token_logprob(logits[i], tokens[i], req.params)
+                    top = self.logprob_rids[req.rid]
+                    lp, best = token_logprob(logits[i], tokens[i], req.params, top)
                     self.logprobs.setdefault(req.rid, []).append(lp)
+                    if top:
+                        self.top_logprobs.setdefault(req.rid, []).append(best)
         return StepResult(tokens, time.perf_counter() - start)

@@ -47,6 +47,7 @@ class Tokens:
     cached_tokens: int  # prompt tokens served from the prefix cache (known once it was first prefilled)
     retractions: int
     logprobs: list[float] | None = None  # with return_logprob: the new tokens' log probabilities
+    top_logprobs: list[list[tuple[float, int]]] | None = None  # with top_logprobs_num: (logprob, id)s
 
 
 class Stream:
@@ -105,6 +106,7 @@ class Job:
     stop: list[str] = field(default_factory=list)
     stream_tokens: bool = True  # False: all tokens come with the end (a non-streaming request)
     return_logprob: bool = False  # the tokens come with their log probabilities
+    top_logprobs_num: int = 0  # and those of the most likely tokens at each step
     received: float = field(default_factory=time.monotonic)  # when its HTTP request reached the app
     handed: float = 0.0  # when the HTTP side handed it to the engine thread (submit)
 

@@ -42,23 +42,31 @@ def meta_info(
     }  # fmt: skip
 
 
-def logprob_fields(logprobs: list[float] | None, ids: list[int], tokenizer: Any) -> dict[str, Any] | None:
+def logprob_fields(
+    logprobs: list[float] | None, tops: list[list[tuple[float, int]]] | None, ids: list[int], tokenizer: Any
+) -> dict[str, Any] | None:
     """return_logprob's fields: output_token_logprobs as [logprob, token id, its text or null] (text with
-    return_text_in_logprobs: a tokenizer given); no input logprobs (SGLang's default logprob_start_len)."""
+    return_text_in_logprobs: a tokenizer given), and with top_logprobs_num a list of such per token; no
+    input logprobs (SGLang's default logprob_start_len)."""
     if logprobs is None:
         return None
-    pairs = zip(logprobs, ids, strict=False)  # equal lengths: the engine sends each token with its own
-    out = [[lp, t, tokenizer.decode([t]) if tokenizer is not None else None] for lp, t in pairs]
-    return {
-        "input_token_logprobs": [],
-        "output_token_logprobs": out,
-        "output_token_logprobs_length": len(out),
-    }
+
+    def row(lp: float, t: int) -> list[Any]:
+        return [lp, t, tokenizer.decode([t]) if tokenizer is not None else None]
+
+    out = [row(lp, t) for lp, t in zip(logprobs, ids, strict=False)]  # equal lengths: sent together
+    fields: dict[str, Any] = {
+        "input_token_logprobs": [], "output_token_logprobs": out, "output_token_logprobs_length": len(out),
+    }  # fmt: skip
+    if tops is not None:
+        fields["input_top_logprobs"] = []
+        fields["output_top_logprobs"] = [[row(lp, t) for lp, t in step] for step in tops]
+    return fields
 
 
 def response_of(outcome: Outcome, rid: str, tokenizer: Any = None) -> dict[str, Any]:
     f = outcome.finished
-    lps = logprob_fields(outcome.logprobs, outcome.output_ids, tokenizer)
+    lps = logprob_fields(outcome.logprobs, outcome.top_logprobs, outcome.output_ids, tokenizer)
     meta = meta_info(rid, finish_reason(outcome), f.prompt_tokens, f.completion_tokens, f.cached_tokens,
                      f.retractions, lps)  # fmt: skip
     meta["e2e_latency"] = outcome.e2e_latency
@@ -87,7 +95,7 @@ class NativeAnswer:
 
     def delta(self, session: Session, delta: Delta) -> bytes | None:
         self.text += delta.text
-        lps = logprob_fields(session.logprobs, session.output_ids, self.tokenizer)
+        lps = logprob_fields(session.logprobs, session.top_logprobs, session.output_ids, self.tokenizer)
         meta = meta_info(session.rid, None, len(session.input_ids), len(session.output_ids),
                          session.cached_tokens, session.retractions, lps)  # fmt: skip
         return sse({"text": self.text, "output_ids": list(session.output_ids), "meta_info": meta})

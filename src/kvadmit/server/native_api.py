@@ -93,13 +93,14 @@ def with_logprobs(state: ServerState, body: GenerateBody, samplings: list[Sampli
     if state.runner.backend.simulated:
         raise APIError("return_logprob: this server simulates its model (serve --simulate) and has no model "
                        "to compute log probabilities from", param="return_logprob")  # fmt: skip
-    tops = body.top_logprobs_num if isinstance(body.top_logprobs_num, list) else [body.top_logprobs_num]
-    if any(tops):
-        raise APIError("top_logprobs_num is not supported (only 0)", param="top_logprobs_num")
+    asked_top = body.top_logprobs_num
+    tops = asked_top if isinstance(asked_top, list) else [asked_top] * n
+    if len(tops) != n or any(t < 0 for t in tops):
+        raise APIError(f"top_logprobs_num must be ≥ 0, one for all prompts or one per prompt ({n})",
+                       param="top_logprobs_num")  # fmt: skip
     texts = body.return_text_in_logprobs
-    return [
-        replace(s, return_logprob=w, text_in_logprobs=texts) for s, w in zip(samplings, wanted, strict=True)
-    ]
+    return [replace(s, return_logprob=w, text_in_logprobs=texts, top_logprobs_num=t if w else 0)
+            for s, w, t in zip(samplings, wanted, tops, strict=True)]  # fmt: skip
 
 
 def router(state: ServerState) -> APIRouter:

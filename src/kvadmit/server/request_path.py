@@ -36,6 +36,7 @@ class Sampling:
     skip_special_tokens: bool
     return_logprob: bool = False  # each output token's log probability (a real model only)
     text_in_logprobs: bool = False  # each with its text
+    top_logprobs_num: int = 0  # with return_logprob: also the most likely tokens' at each step
 
 
 @dataclass(slots=True)
@@ -118,7 +119,7 @@ def _session(
         state.runner, ids, sampling.limits, sampling.params, stops=sampling.stops,
         skip_special_tokens=sampling.skip_special_tokens, streaming=stream,
         is_disconnected=request.is_disconnected, rid=rid, received=getattr(request.state, "received", None),
-        return_logprob=sampling.return_logprob,
+        return_logprob=sampling.return_logprob, top_logprobs_num=sampling.top_logprobs_num,
     )  # fmt: skip
 
 

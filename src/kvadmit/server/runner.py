@@ -247,7 +247,7 @@ class EngineRunner:
         if self.metrics is not None:
             self.metrics.on_arrival(job.rid, time.time())
         if job.return_logprob:
-            self.backend.keep_logprobs(job.rid)
+            self.backend.keep_logprobs(job.rid, job.top_logprobs_num)
         if self.engine.submit(req):  # a rejection ends it at once, through on_finish
             # req.max_new_tokens: the budget the scheduler granted (req.sampling keeps the ask)
             self.backend.plan_output(job.rid, req.max_new_tokens, req.sampling.ignore_eos, job.params.seed)
@@ -303,8 +303,13 @@ class EngineRunner:
     def _tokens(self, live: _Live) -> Tokens:
         """The request's tokens not sent yet (with their log probabilities when it asked for them)."""
         req, sent = live.req, live.sent
-        lps = self.backend.logprobs(req.rid)[sent : len(req.output_ids)] if live.job.return_logprob else None
-        return Tokens(req.output_ids[sent:], req.cached_tokens, req.retraction_count, lps)
+        ids = req.output_ids[sent:]
+        if not live.job.return_logprob:
+            return Tokens(ids, req.cached_tokens, req.retraction_count)
+        lps, tops = self.backend.logprobs(req.rid)
+        end = len(req.output_ids)
+        top = tops[sent:end] if live.job.top_logprobs_num else None
+        return Tokens(ids, req.cached_tokens, req.retraction_count, lps[sent:end], top)
 
     def _finished(self, req: Req, end: tuple[str, int | str | None, str, int]) -> Finished:
         kind, matched, message, status = end

@@ -35,6 +35,7 @@ class Outcome:
     ttft: float | None
     final_delta: str  # text not yet emitted as a Delta
     logprobs: list[float] | None = None  # with return_logprob: one per output token
+    top_logprobs: list[list[tuple[float, int]]] | None = None  # with top_logprobs_num: one per output token
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -81,6 +82,7 @@ class Session:
         rid: str | None = None,
         received: float | None = None,  # monotonic time the HTTP request reached the app
         return_logprob: bool = False,
+        top_logprobs_num: int = 0,
     ) -> None:
         import asyncio
 
@@ -92,12 +94,13 @@ class Session:
         self.stream = Stream(asyncio.get_running_loop())
         self.job = Job(self.rid, input_ids, limits, params, self.stream, stops, stream_tokens=streaming,
                        received=received if received is not None else time.monotonic(),
-                       return_logprob=return_logprob)  # fmt: skip
+                       return_logprob=return_logprob, top_logprobs_num=top_logprobs_num)  # fmt: skip
         self.text = TextAssembler(runner.backend.tokenizer, stops, skip_special_tokens)
         self.output_ids: list[int] = []
         self.cached_tokens = 0  # as the engine last reported them (known once the prompt was prefilled)
         self.retractions = 0
         self.logprobs: list[float] | None = [] if return_logprob else None  # one per output token
+        self.top_logprobs: list[list[tuple[float, int]]] | None = [] if top_logprobs_num else None
         self.start = time.perf_counter()
         self.start_wall = time.time()
         self.ttft: float | None = None
@@ -140,6 +143,8 @@ class Session:
         self.retractions = tokens.retractions
         if self.logprobs is not None and tokens.logprobs is not None:
             self.logprobs.extend(tokens.logprobs)
+        if self.top_logprobs is not None and tokens.top_logprobs is not None:
+            self.top_logprobs.extend(tokens.top_logprobs)
 
     def close(self) -> None:
         """If the request has not ended, abort it (the client is gone). Safe to call more than once."""
@@ -166,7 +171,8 @@ class Session:
             cached=finished.cached_tokens,
         )
         logprobs = None if self.logprobs is None else list(self.logprobs)
-        return Outcome(finished, text, list(self.output_ids), e2e, self.ttft, rest, logprobs)
+        tops = None if self.top_logprobs is None else list(self.top_logprobs)
+        return Outcome(finished, text, list(self.output_ids), e2e, self.ttft, rest, logprobs, tops)
 
     def _record(self, *, aborted: bool, completion_tokens: int, cached: int) -> None:
         metrics = self.runner.metrics
