@@ -4,8 +4,9 @@
 Each API parses and checks its own body into a Submission, and says how its answers look through an
 AnswerForm; from there the path is shared: one Session per prompt submits a Job, a non-streaming request
 collects every Outcome (an abort the API refuses becomes its error response), a streaming one sends
-server-sent events (a rejection before the first event still gets its status code; a client that goes
-away aborts its request), and token counts come from the ends the engine reported.
+server-sent events (on the OpenAI routes a rejection before the first event still gets its status code,
+where /generate, as SGLang's, answers it in the stream; a client that goes away aborts its request), and
+token counts come from the ends the engine reported.
 """
 
 from __future__ import annotations

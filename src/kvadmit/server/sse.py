@@ -1,6 +1,6 @@
 """Server-sent events as SGLang sends them: `data: {json}` lines, a blank line after each, and
-`data: [DONE]` at the end. A stream starts only once its request is known to be accepted, so a rejected
-request still gets its proper status code."""
+`data: [DONE]` at the end. A stream can start only once its request is known to be accepted, so a rejected
+request still gets its proper status code (the OpenAI routes; /generate's stream has begun before)."""
 
 from __future__ import annotations
 
