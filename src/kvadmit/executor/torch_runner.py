@@ -3,7 +3,9 @@
 A prefill computes each request's tokens fill_ids()[prefix_len:fill_len] into slots kv[prefix_len:
 fill_len], attending to everything before them; a decode computes each request's last output token into
 slot kv[-1]. Either way the request's slots, in position order, are exactly kv[:end]. Each request's
-next token is drawn with its own sampling parameters (greedy ones by argmax, all in one call).
+next token is drawn with its own sampling parameters (greedy ones by argmax, all in one call). For the
+requests named in logprob_rids, each sampled token's log probability is kept, with the most likely
+tokens' when asked (see token_logprob).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import torch
 from kvadmit.executor.base import StepResult
 from kvadmit.model.forward_batch import ForwardBatch, Sequence
 from kvadmit.model.llama import CausalLM
-from kvadmit.model.sampling import Sampler
+from kvadmit.model.sampling import Sampler, token_logprob
 from kvadmit.scheduler.types import ScheduledBatch
 
 
@@ -26,6 +28,10 @@ class TorchExecutor:
         self.model = model
         self.kv_pool = model.new_kv_pool(pool_size, dtype)
         self.sampler = Sampler(seed)
+        # the requests whose tokens' log probabilities are kept: rid → how many top tokens' too
+        self.logprob_rids: dict[str, int] = {}
+        self.logprobs: dict[str, list[float]] = {}  # rid → one per sampled token, in order
+        self.top_logprobs: dict[str, list[list[tuple[float, int]]]] = {}  # rid → one list per sampled token
 
     def forward_batch(self, batch: ScheduledBatch) -> ForwardBatch:
         """The model's input for one scheduled batch."""
@@ -53,4 +59,12 @@ class TorchExecutor:
         for i, req in enumerate(batch.reqs):
             if not req.params.greedy:  # drawn on the CPU, where the per-request generators live
                 tokens[i] = self.sampler.sample(req.rid, logits[i].cpu(), req.params)
+        if self.logprob_rids:
+            for i, req in enumerate(batch.reqs):
+                if req.rid in self.logprob_rids and req is not batch.chunked:  # (a chunk's token is dropped)
+                    top = self.logprob_rids[req.rid]
+                    lp, best = token_logprob(logits[i], tokens[i], req.params, top)
+                    self.logprobs.setdefault(req.rid, []).append(lp)
+                    if top:
+                        self.top_logprobs.setdefault(req.rid, []).append(best)
         return StepResult(tokens, time.perf_counter() - start)

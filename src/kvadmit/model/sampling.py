@@ -28,6 +28,19 @@ def filtered_probs(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
     return out
 
 
+def token_logprob(
+    logits: torch.Tensor, token: int, p: SamplingParams, top: int = 0
+) -> tuple[float, list[tuple[float, int]]]:
+    """The token's log probability as SGLang reports it: of the logits scaled by the temperature (1 for a
+    greedy request), before top-k, top-p and min-p cut the distribution; and the `top` most likely
+    tokens' (log probability, token id), most likely first."""
+    temperature = 1.0 if p.greedy else p.temperature
+    row = torch.log_softmax(logits / temperature, dim=-1)
+    best = row.topk(min(top, row.numel())) if top > 0 else None
+    pairs = [] if best is None else list(zip(best.values.tolist(), best.indices.tolist(), strict=True))
+    return float(row[token]), pairs
+
+
 class Sampler:
     """Draws one token per request; a seeded request gets its own generator, kept across steps."""
 

@@ -43,8 +43,22 @@ class Backend:
             rng = random.Random(seed if seed is not None else rid)
             self.output_lengths[rid] = rng.randint(1, max_new_tokens)
 
+    def keep_logprobs(self, rid: str, top: int) -> None:
+        """Keep the log probability of each token this request samples, and of its `top` most likely
+        tokens (a real model's executor only)."""
+        self.executor.logprob_rids[rid] = top  # type: ignore[attr-defined]
+
+    def logprobs(self, rid: str) -> tuple[list[float], list[list[tuple[float, int]]]]:
+        """The log probabilities kept for rid so far, and the top tokens', one per sampled token."""
+        return (getattr(self.executor, "logprobs", {}).get(rid, []),
+                getattr(self.executor, "top_logprobs", {}).get(rid, []))  # fmt: skip
+
     def forget(self, rid: str) -> None:
         self.output_lengths.pop(rid, None)
+        if not self.simulated:
+            self.executor.logprob_rids.pop(rid, None)  # type: ignore[attr-defined]
+            self.executor.logprobs.pop(rid, None)  # type: ignore[attr-defined]
+            self.executor.top_logprobs.pop(rid, None)  # type: ignore[attr-defined]
 
 
 class RealTimeSimulatedExecutor:

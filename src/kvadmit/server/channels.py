@@ -1,9 +1,9 @@
 """The channels between the HTTP handlers and the engine thread.
 
 In: a Job is what a handler hands over; commands (submit, abort, a read of scheduler state) wait in the
-Mailbox until the engine thread runs them between steps. Out: each request's Stream carries lists of new
-token ids, then one Finished; the Outbox gathers what one step has for the handlers and delivers it with one
-wake-up per event loop.
+Mailbox until the engine thread runs them between steps. Out: each request's Stream carries its new token
+ids (Tokens), then one Finished; the Outbox gathers what one step has for the handlers and delivers it with
+one wake-up per event loop.
 """
 
 from __future__ import annotations
@@ -36,20 +36,31 @@ class Finished:
     completion_tokens: int
     cached_tokens: int
     first_token_time: float | None = None  # wall clock, taken on the engine thread
+    retractions: int = 0  # times the scheduler retracted it
+
+
+@dataclass(frozen=True, slots=True)
+class Tokens:
+    """New token ids of a running request, with what the engine knows of it so far."""
+
+    ids: list[int]
+    cached_tokens: int  # prompt tokens served from the prefix cache (known once it was first prefilled)
+    retractions: int
+    logprobs: list[float] | None = None  # with return_logprob: the new tokens' log probabilities
+    top_logprobs: list[list[tuple[float, int]]] | None = None  # with top_logprobs_num: (logprob, id)s
 
 
 class Stream:
-    """One request's channel from the engine thread to its handler: lists of new token ids, then one
-    Finished."""
+    """One request's channel from the engine thread to its handler: Tokens, then one Finished."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        self._queue: asyncio.Queue[list[int] | Finished] = asyncio.Queue()
+        self._queue: asyncio.Queue[Tokens | Finished] = asyncio.Queue()
 
-    def put(self, item: list[int] | Finished) -> None:  # any thread
+    def put(self, item: Tokens | Finished) -> None:  # any thread
         self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
 
-    async def get(self, timeout: float) -> list[int] | Finished | None:
+    async def get(self, timeout: float) -> Tokens | Finished | None:
         try:
             return await asyncio.wait_for(self._queue.get(), timeout)
         except asyncio.TimeoutError:
@@ -61,16 +72,16 @@ class Outbox:
     per token per request: with a hundred streams that is most of a step's cost)."""
 
     def __init__(self) -> None:
-        self._items: list[tuple[Stream, list[int] | Finished]] = []
+        self._items: list[tuple[Stream, Tokens | Finished]] = []
 
-    def put(self, stream: Stream, item: list[int] | Finished) -> None:
+    def put(self, stream: Stream, item: Tokens | Finished) -> None:
         self._items.append((stream, item))
 
     def flush(self) -> None:
         if not self._items:
             return
         items, self._items = self._items, []
-        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Stream, list[int] | Finished]]] = {}
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Stream, Tokens | Finished]]] = {}
         for stream, item in items:
             by_loop.setdefault(stream._loop, []).append((stream, item))
         for loop, batch in by_loop.items():
@@ -78,7 +89,7 @@ class Outbox:
                 loop.call_soon_threadsafe(_deliver, batch)
 
 
-def _deliver(batch: list[tuple[Stream, list[int] | Finished]]) -> None:
+def _deliver(batch: list[tuple[Stream, Tokens | Finished]]) -> None:
     for stream, item in batch:
         stream._queue.put_nowait(item)
 
@@ -94,6 +105,8 @@ class Job:
     stream: Stream
     stop: list[str] = field(default_factory=list)
     stream_tokens: bool = True  # False: all tokens come with the end (a non-streaming request)
+    return_logprob: bool = False  # the tokens come with their log probabilities
+    top_logprobs_num: int = 0  # and those of the most likely tokens at each step
     received: float = field(default_factory=time.monotonic)  # when its HTTP request reached the app
     handed: float = 0.0  # when the HTTP side handed it to the engine thread (submit)
 

@@ -5,34 +5,27 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from kvadmit.request import SamplingLimits
-from kvadmit.sampling_params import SamplingParams
 from kvadmit.server.errors import APIError
+from kvadmit.server.native_answer import NativeAnswer
 from kvadmit.server.protocol import NATIVE_SAMPLING_KEYS, AbortBody, GenerateBody, sampling_from, stop_list
-from kvadmit.server.request_path import Submission, Usage, answer
-from kvadmit.server.session import Delta, Outcome, Session
-from kvadmit.server.sse import sse
+from kvadmit.server.request_path import Sampling, Submission, answer
+from kvadmit.server.session import Session
 from kvadmit.server.state import ServerState
 
 UNSUPPORTED_NONZERO = ("frequency_penalty", "presence_penalty")
 
 
-def finish_reason(outcome: Outcome) -> dict[str, Any]:
-    f = outcome.finished
-    if f.kind == "abort":
-        return {"type": "abort", "message": f.message, "status_code": f.status_code}
-    if f.kind == "length":
-        return {"type": "length", "length": f.completion_tokens}
-    return {"type": "stop", "matched": f.matched}
-
-
-def native_sampling(sp: dict[str, Any]) -> tuple[SamplingLimits, SamplingParams, list[str], bool]:
+def native_sampling(sp: dict[str, Any]) -> Sampling:
+    if not isinstance(sp, dict):
+        raise APIError("sampling_params must be an object, or a list of one per prompt",
+                       param="sampling_params")  # fmt: skip
     unknown = set(sp) - NATIVE_SAMPLING_KEYS
     if unknown:
         raise APIError(
@@ -61,54 +54,53 @@ def native_sampling(sp: dict[str, Any]) -> tuple[SamplingLimits, SamplingParams,
     skip = sp.get("skip_special_tokens", True)
     if not isinstance(skip, bool):
         raise APIError("skip_special_tokens must be true or false", param="skip_special_tokens")
-    return limits, params, stop_list(sp.get("stop"), "stop"), skip
+    return Sampling(limits, params, stop_list(sp.get("stop"), "stop"), skip)
 
 
-class NativeAnswer:
-    """SGLang's /generate answers: one object per prompt (a list for a batch); a stream sends the whole
-    text so far in each event."""
-
-    def __init__(self, single: bool) -> None:
-        self.single = single
-        self.text = ""  # the streamed text so far
-
-    def refuses(self, outcome: Outcome) -> bool:
-        return outcome.finished.kind == "abort" and not outcome.output_ids
-
-    def body(self, sessions: list[Session], outcomes: list[Outcome]) -> Any:
-        out = [response_of(o, s.rid) for o, s in zip(outcomes, sessions, strict=True)]
-        return out[0] if self.single else out
-
-    def opening(self) -> list[bytes]:
-        return []
-
-    def delta(self, session: Session, delta: Delta) -> bytes | None:
-        self.text += delta.text
-        return sse({
-            "text": self.text, "output_ids": list(session.output_ids),
-            "meta_info": {"id": session.rid, "finish_reason": None,
-                          "prompt_tokens": len(session.input_ids),
-                          "completion_tokens": len(session.output_ids), "cached_tokens": 0},
-        })  # fmt: skip
-
-    def closing(self, session: Session, outcome: Outcome) -> list[bytes]:
-        return [sse(response_of(outcome, session.rid))]
+def per_prompt_sampling(sp: dict[str, Any] | list[dict[str, Any]] | None, n: int) -> list[Sampling]:
+    """SGLang's batch forms: one object for every prompt, or a list of one per prompt."""
+    if not isinstance(sp, list):
+        return [native_sampling(sp or {})] * n
+    if len(sp) != n:
+        raise APIError(f"sampling_params has {len(sp)} entries for {n} prompt(s): give one per prompt, "
+                       "or one object for all", param="sampling_params")  # fmt: skip
+    return [native_sampling(x) for x in sp]
 
 
-def response_of(outcome: Outcome, rid: str) -> dict[str, Any]:
-    usage = Usage.of([outcome])
-    return {
-        "text": outcome.text,
-        "output_ids": outcome.output_ids,
-        "meta_info": {
-            "id": rid,
-            "finish_reason": finish_reason(outcome),
-            "prompt_tokens": usage.prompt_tokens,
-            "completion_tokens": usage.completion_tokens,
-            "cached_tokens": usage.cached_tokens,
-            "e2e_latency": outcome.e2e_latency,
-        },
-    }
+def per_prompt_rids(rid: str | list[str] | None, n: int, single: bool) -> list[str | None]:
+    """SGLang's rids: none (fresh ids), a list of one per prompt, or one string (in a batch, prompt i gets
+    `{rid}_{i}`)."""
+    if rid is None:
+        return [None] * n
+    if isinstance(rid, str):
+        return [rid] if single else [f"{rid}_{i}" for i in range(n)]
+    if len(rid) != n:
+        raise APIError(f"rid has {len(rid)} entries for {n} prompt(s): give one per prompt", param="rid")
+    if len(set(rid)) != n:
+        raise APIError("rid: each prompt of a batch needs its own rid", param="rid")
+    return list(rid)
+
+
+def with_logprobs(state: ServerState, body: GenerateBody, samplings: list[Sampling]) -> list[Sampling]:
+    """return_logprob (one for all prompts or one per prompt): each output token's log probability, from
+    the model's logits; never silently left out."""
+    n, asked = len(samplings), body.return_logprob
+    wanted = asked if isinstance(asked, list) else [asked] * n
+    if len(wanted) != n:
+        raise APIError(f"return_logprob has {len(wanted)} entries for {n} prompt(s)", param="return_logprob")
+    if not any(wanted):
+        return samplings
+    if state.runner.backend.simulated:
+        raise APIError("return_logprob: this server simulates its model (serve --simulate) and has no model "
+                       "to compute log probabilities from", param="return_logprob")  # fmt: skip
+    asked_top = body.top_logprobs_num
+    tops = asked_top if isinstance(asked_top, list) else [asked_top] * n
+    if len(tops) != n or any(t < 0 for t in tops):
+        raise APIError(f"top_logprobs_num must be ≥ 0, one for all prompts or one per prompt ({n})",
+                       param="top_logprobs_num")  # fmt: skip
+    texts = body.return_text_in_logprobs
+    return [replace(s, return_logprob=w, text_in_logprobs=texts, top_logprobs_num=t if w else 0)
+            for s, w, t in zip(samplings, wanted, tops, strict=True)]  # fmt: skip
 
 
 def router(state: ServerState) -> APIRouter:
@@ -135,15 +127,16 @@ def _generate_route(r: APIRouter, state: ServerState) -> None:
     async def generate(body: GenerateBody, request: Request) -> Response:
         state.check_accepting()
         prompts, single = await prompts_of(body)
-        sps = body.sampling_params or {}
-        limits, params, stops, skip = native_sampling(sps)
+        samplings = per_prompt_sampling(body.sampling_params, len(prompts))
+        samplings = with_logprobs(state, body, samplings)
         if body.stream and not single:
             raise APIError("streaming takes one prompt; send a batch without stream", param="stream")
-        for ids in prompts:
-            state.check_lengths(len(ids), limits.requested_max_new_tokens, "max_new_tokens")
-        rids = [body.rid] if single else [None] * len(prompts)
-        submission = Submission(prompts, limits, params, stops, skip, body.stream, rids)
-        return await answer(state, request, submission, NativeAnswer(single))
+        for ids, sampling in zip(prompts, samplings, strict=True):
+            state.check_lengths(len(ids), sampling.limits.requested_max_new_tokens, "max_new_tokens")
+        rids = per_prompt_rids(body.rid, len(prompts), single)
+        submission = Submission(prompts, samplings, body.stream, rids)
+        form = NativeAnswer(single, state.tokenizer if body.return_text_in_logprobs else None)
+        return await answer(state, request, submission, form)
 
     r.add_api_route("/generate", generate, methods=["POST"])
     r.add_api_route("/generate", generate, methods=["PUT"], include_in_schema=False)

@@ -13,9 +13,9 @@ from kvadmit.request import SamplingLimits
 from kvadmit.sampling_params import SamplingParams
 from kvadmit.server.errors import APIError
 from kvadmit.server.protocol import ChatBody, CompletionBody, _OpenAIBody, sampling_from, stop_list
-from kvadmit.server.request_path import Submission, Usage, answer
+from kvadmit.server.request_path import Sampling, Submission, Usage, answer
 from kvadmit.server.session import Delta, Outcome, Session
-from kvadmit.server.sse import sse
+from kvadmit.server.sse import abort_event, sse
 from kvadmit.server.state import ServerState
 
 
@@ -54,17 +54,24 @@ def _sampling(
 
 class OpenAIAnswer:
     """OpenAI's completion and chat completion objects; a stream sends each new piece of text as a chunk,
-    then one with the finish reason (and, when asked, one with the usage)."""
+    then one with the finish reason (and, when asked, one with the usage). With stream_options'
+    continuous_usage_stats, every chunk after the role's carries the usage so far, as SGLang's do."""
 
-    def __init__(self, chat: bool, model: str, include_usage: bool) -> None:
+    def __init__(self, chat: bool, model: str, include_usage: bool, continuous_usage: bool = False) -> None:
         self.chat = chat
         self.model = model
         self.include_usage = include_usage
+        self.continuous_usage = continuous_usage
         self.created = int(time.time())
         self.rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
 
+    streams_rejections = False  # a stream rejected before its first token: its error response
+
     def refuses(self, outcome: Outcome) -> bool:
         return outcome.finished.kind == "abort"
+
+    def aborted(self, session: Session, outcome: Outcome) -> list[bytes]:
+        return [abort_event(outcome)]
 
     def body(self, sessions: list[Session], outcomes: list[Outcome]) -> Any:
         choices = []
@@ -85,19 +92,34 @@ class OpenAIAnswer:
         return [self._chunk(None, None, role=True)] if self.chat else []
 
     def delta(self, session: Session, delta: Delta) -> bytes | None:
-        return self._chunk(delta.text, None) if delta.text else None
+        if not delta.text:
+            return None
+        so_far = Usage(len(session.input_ids), len(session.output_ids), session.cached_tokens)
+        return self._chunk(delta.text, None, usage=self._running(so_far))
 
     def closing(self, session: Session, outcome: Outcome) -> list[bytes]:
         out = []
+        usage = Usage.of([outcome])
         if outcome.final_delta:
-            out.append(self._chunk(outcome.final_delta, None))
-        out.append(self._chunk(None if self.chat else "", _finish_reason(outcome),
+            out.append(self._chunk(outcome.final_delta, None, usage=self._running(usage)))
+        out.append(self._chunk(None if self.chat else "", _finish_reason(outcome), usage=self._running(usage),
                                matched_stop=outcome.finished.matched))  # fmt: skip
         if self.include_usage:
-            out.append(self._sse(choices=[], usage=_usage(Usage.of([outcome]))))
+            out.append(self._sse(choices=[], usage=_usage(usage)))
         return out
 
-    def _chunk(self, delta_text: str | None, finish: str | None, role: bool = False, **extra: Any) -> bytes:
+    def _running(self, usage: Usage) -> dict[str, Any] | None:
+        """A chunk's usage: the counts so far with continuous_usage_stats, else none."""
+        return _usage(usage) if self.continuous_usage else None
+
+    def _chunk(
+        self,
+        delta_text: str | None,
+        finish: str | None,
+        role: bool = False,
+        usage: dict[str, Any] | None = None,
+        **extra: Any,
+    ) -> bytes:
         if self.chat:
             delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else {}
             if delta_text is not None and not role:
@@ -106,7 +128,7 @@ class OpenAIAnswer:
         else:
             choice = {"index": 0, "text": delta_text or "", "logprobs": None, "finish_reason": finish,
                       **extra}  # fmt: skip
-        return self._sse(choices=[choice])
+        return self._sse(choices=[choice]) if usage is None else self._sse(choices=[choice], usage=usage)
 
     def _sse(self, **fields: Any) -> bytes:
         obj = "chat.completion.chunk" if self.chat else "text_completion"
@@ -124,8 +146,8 @@ def _submission(
         state.check_lengths(len(ids), max_new, max_field)
     if body.stream and len(prompts) != 1:
         raise APIError("streaming takes one prompt; send several without stream", param="prompt")
-    return Submission(prompts, limits, params, stops, body.skip_special_tokens, body.stream,
-                      [None] * len(prompts))  # fmt: skip
+    sampling = Sampling(limits, params, stops, body.skip_special_tokens)
+    return Submission(prompts, [sampling] * len(prompts), body.stream, [None] * len(prompts))
 
 
 def router(state: ServerState) -> APIRouter:
@@ -167,8 +189,10 @@ def _completion_routes(r: APIRouter, state: ServerState) -> None:
         chat: bool,
     ) -> Response:
         submission = _submission(state, body, prompts, max_new, max_field)
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        form = OpenAIAnswer(chat, body.model or state.served_model_name, include_usage)
+        options = body.stream_options
+        include_usage = bool(options and options.include_usage)
+        continuous = bool(options and options.continuous_usage_stats)
+        form = OpenAIAnswer(chat, body.model or state.served_model_name, include_usage, continuous)
         return await answer(state, request, submission, form)
 
     @r.post("/v1/completions")

@@ -31,13 +31,17 @@ class _Body(BaseModel):
 class GenerateBody(_Body):
     text: str | list[str] | None = None
     input_ids: list[int] | list[list[int]] | None = None
-    sampling_params: dict[str, Any] | None = None
+    sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None  # a list: one per prompt
     stream: bool = False
-    rid: str | None = None
+    rid: str | list[str] | None = None  # a list: one per prompt
+    return_logprob: bool | list[bool] = False  # a list: one per prompt
+    return_text_in_logprobs: bool = False
+    top_logprobs_num: int | list[int] = 0
 
 
 class StreamOptions(_Body):
-    include_usage: bool = False
+    include_usage: bool = False  # a last chunk with the request's usage
+    continuous_usage_stats: bool = False  # the usage so far on every chunk
 
 
 class _OpenAIBody(_Body):

@@ -4,8 +4,9 @@
 Each API parses and checks its own body into a Submission, and says how its answers look through an
 AnswerForm; from there the path is shared: one Session per prompt submits a Job, a non-streaming request
 collects every Outcome (an abort the API refuses becomes its error response), a streaming one sends
-server-sent events (a rejection before the first event still gets its status code; a client that goes
-away aborts its request), and token counts come from the ends the engine reported.
+server-sent events (on the OpenAI routes a rejection before the first event still gets its status code,
+where /generate, as SGLang's, answers it in the stream; a client that goes away aborts its request), and
+token counts come from the ends the engine reported.
 """
 
 from __future__ import annotations
@@ -22,19 +23,29 @@ from kvadmit.request import SamplingLimits
 from kvadmit.sampling_params import SamplingParams
 from kvadmit.server.errors import APIError
 from kvadmit.server.session import Delta, Outcome, Session
-from kvadmit.server.sse import DONE, abort_event, first_event, stream_response
+from kvadmit.server.sse import DONE, first_event, stream_response
 from kvadmit.server.state import ServerState
+
+
+@dataclass(frozen=True, slots=True)
+class Sampling:
+    """How to sample one prompt."""
+
+    limits: SamplingLimits  # frozen: prompts of one request may share it
+    params: SamplingParams
+    stops: list[str]
+    skip_special_tokens: bool
+    return_logprob: bool = False  # each output token's log probability (a real model only)
+    text_in_logprobs: bool = False  # each with its text
+    top_logprobs_num: int = 0  # with return_logprob: also the most likely tokens' at each step
 
 
 @dataclass(slots=True)
 class Submission:
-    """A parsed and checked request: its prompts and how to sample them."""
+    """A parsed and checked request: its prompts and how to sample each."""
 
     prompts: list[list[int]]
-    limits: SamplingLimits
-    params: SamplingParams
-    stops: list[str]
-    skip_special_tokens: bool
+    samplings: list[Sampling]  # one per prompt
     stream: bool  # a streaming request has exactly one prompt (its API checked)
     rids: list[str | None]  # one per prompt; None: a fresh id
 
@@ -80,10 +91,17 @@ class AnswerForm(Protocol):
         """The events for a request that ended normally (not aborted), before [DONE]."""
         ...
 
+    def aborted(self, session: Session, outcome: Outcome) -> list[bytes]:
+        """The events for a stream the engine aborted, before [DONE]."""
+        ...
+
+    streams_rejections: bool
+    """Whether a stream rejected before its first token is still a stream (else its error response)."""
+
 
 async def answer(state: ServerState, request: Request, sub: Submission, form: AnswerForm) -> Response:
-    pairs = zip(sub.prompts, sub.rids, strict=True)
-    sessions = [_session(state, request, sub, ids, rid) for ids, rid in pairs]
+    triples = zip(sub.prompts, sub.samplings, sub.rids, strict=True)
+    sessions = [_session(state, request, sub.stream, ids, sampling, rid) for ids, sampling, rid in triples]
     if not sub.stream:
         outcomes = await asyncio.gather(*(s.result() for s in sessions))
         for o in outcomes:
@@ -91,17 +109,18 @@ async def answer(state: ServerState, request: Request, sub: Submission, form: An
                 raise APIError(o.finished.message, o.finished.status_code)
         return JSONResponse(form.body(sessions, list(outcomes)))
     session = sessions[0]
-    events, first = await first_event(session)
+    events, first = await first_event(session, reject=not form.streams_rejections)
     return stream_response(_events(form, session, events, first), session)
 
 
 def _session(
-    state: ServerState, request: Request, sub: Submission, ids: list[int], rid: str | None
+    state: ServerState, request: Request, stream: bool, ids: list[int], sampling: Sampling, rid: str | None
 ) -> Session:
     return Session(
-        state.runner, ids, sub.limits, sub.params, stops=sub.stops,  # limits: frozen, shared by the prompts
-        skip_special_tokens=sub.skip_special_tokens, streaming=sub.stream,
+        state.runner, ids, sampling.limits, sampling.params, stops=sampling.stops,
+        skip_special_tokens=sampling.skip_special_tokens, streaming=stream,
         is_disconnected=request.is_disconnected, rid=rid, received=getattr(request.state, "received", None),
+        return_logprob=sampling.return_logprob, top_logprobs_num=sampling.top_logprobs_num,
     )  # fmt: skip
 
 
@@ -121,7 +140,8 @@ async def _events(
                 yield chunk
         else:
             if item.finished.kind == "abort":
-                yield abort_event(item)
+                for chunk in form.aborted(session, item):
+                    yield chunk
             else:
                 for chunk in form.closing(session, item):
                     yield chunk

@@ -29,7 +29,7 @@ from kvadmit.request import MAX_NEW_TOKENS_UNSET, FinishKind, Req
 from kvadmit.scheduler.scheduler import Scheduler
 from kvadmit.scheduler.types import ScheduledBatch
 from kvadmit.server.backend import Backend
-from kvadmit.server.channels import Finished, Job, Mailbox, Outbox
+from kvadmit.server.channels import Finished, Job, Mailbox, Outbox, Tokens
 from kvadmit.server.metrics import ServerMetrics
 from kvadmit.server.traces import TraceFile
 from kvadmit.stop_strings import StopStringWatch
@@ -239,6 +239,8 @@ class EngineRunner:
         self._live[job.rid] = live
         if self.metrics is not None:
             self.metrics.on_arrival(job.rid, time.time())
+        if job.return_logprob:
+            self.backend.keep_logprobs(job.rid, job.top_logprobs_num)
         if self.engine.submit(req):  # a rejection ends it at once, through on_finish
             # req.max_new_tokens: the budget the scheduler granted (req.sampling keeps the ask)
             self.backend.plan_output(job.rid, req.max_new_tokens, req.sampling.ignore_eos, job.params.seed)
@@ -272,7 +274,7 @@ class EngineRunner:
             if live.first_token_time is None and req.output_ids:
                 live.first_token_time = now
             if live.job.stream_tokens and len(req.output_ids) > live.sent:
-                self._outbox.put(live.job.stream, req.output_ids[live.sent :])
+                self._outbox.put(live.job.stream, self._tokens(live))
                 live.sent = len(req.output_ids)
 
     def on_finish(self, req: Req, now: float) -> None:
@@ -280,7 +282,7 @@ class EngineRunner:
         if live is None:
             return
         if len(req.output_ids) > live.sent:
-            self._outbox.put(live.job.stream, req.output_ids[live.sent :])
+            self._outbox.put(live.job.stream, self._tokens(live))
             live.sent = len(req.output_ids)
         reason = req.finished_reason
         if reason is None:
@@ -291,12 +293,23 @@ class EngineRunner:
             end = (reason.kind.value, reason.matched, "", 200)
         self._end(live, self._finished(req, end))
 
+    def _tokens(self, live: _Live) -> Tokens:
+        """The request's tokens not sent yet (with their log probabilities when it asked for them)."""
+        req, sent = live.req, live.sent
+        ids = req.output_ids[sent:]
+        if not live.job.return_logprob:
+            return Tokens(ids, req.cached_tokens, req.retraction_count)
+        lps, tops = self.backend.logprobs(req.rid)
+        end = len(req.output_ids)
+        top = tops[sent:end] if live.job.top_logprobs_num else None
+        return Tokens(ids, req.cached_tokens, req.retraction_count, lps[sent:end], top)
+
     def _finished(self, req: Req, end: tuple[str, int | str | None, str, int]) -> Finished:
         kind, matched, message, status = end
         live = self._live.get(req.rid)
         return Finished(
             kind, matched, message, status, len(req.origin_input_ids), len(req.output_ids), req.cached_tokens,
-            live.first_token_time if live is not None else None,
+            live.first_token_time if live is not None else None, req.retraction_count,
         )  # fmt: skip
 
     def _end(self, live: _Live, finished: Finished) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 from kvadmit.model.detokenize import IncrementalDetokenizer
 from kvadmit.request import SamplingLimits
 from kvadmit.sampling_params import SamplingParams
-from kvadmit.server.channels import Finished, Job, Stream
+from kvadmit.server.channels import Finished, Job, Stream, Tokens
 from kvadmit.server.runner import EngineRunner
 from kvadmit.stop_strings import cut_at_stop, shown_length
 
@@ -34,6 +34,8 @@ class Outcome:
     e2e_latency: float
     ttft: float | None
     final_delta: str  # text not yet emitted as a Delta
+    logprobs: list[float] | None = None  # with return_logprob: one per output token
+    top_logprobs: list[list[tuple[float, int]]] | None = None  # with top_logprobs_num: one per output token
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -79,6 +81,8 @@ class Session:
         is_disconnected: Callable[[], Awaitable[bool]],
         rid: str | None = None,
         received: float | None = None,  # monotonic time the HTTP request reached the app
+        return_logprob: bool = False,
+        top_logprobs_num: int = 0,
     ) -> None:
         import asyncio
 
@@ -89,9 +93,14 @@ class Session:
         self.is_disconnected = is_disconnected
         self.stream = Stream(asyncio.get_running_loop())
         self.job = Job(self.rid, input_ids, limits, params, self.stream, stops, stream_tokens=streaming,
-                       received=received if received is not None else time.monotonic())  # fmt: skip
+                       received=received if received is not None else time.monotonic(),
+                       return_logprob=return_logprob, top_logprobs_num=top_logprobs_num)  # fmt: skip
         self.text = TextAssembler(runner.backend.tokenizer, stops, skip_special_tokens)
         self.output_ids: list[int] = []
+        self.cached_tokens = 0  # as the engine last reported them (known once the prompt was prefilled)
+        self.retractions = 0
+        self.logprobs: list[float] | None = [] if return_logprob else None  # one per output token
+        self.top_logprobs: list[list[tuple[float, int]]] | None = [] if top_logprobs_num else None
         self.start = time.perf_counter()
         self.start_wall = time.time()
         self.ttft: float | None = None
@@ -123,10 +132,19 @@ class Session:
                     elif self._last_token_at is not None:
                         self._itls.append(now - self._last_token_at)
                     self._last_token_at = now
-                self.output_ids.extend(item)
-                yield Delta(self.text.add(item), item)
+                self._progress(item)
+                yield Delta(self.text.add(item.ids), item.ids)
         finally:
             self.close()
+
+    def _progress(self, tokens: Tokens) -> None:
+        self.output_ids.extend(tokens.ids)
+        self.cached_tokens = tokens.cached_tokens
+        self.retractions = tokens.retractions
+        if self.logprobs is not None and tokens.logprobs is not None:
+            self.logprobs.extend(tokens.logprobs)
+        if self.top_logprobs is not None and tokens.top_logprobs is not None:
+            self.top_logprobs.extend(tokens.top_logprobs)
 
     def close(self) -> None:
         """If the request has not ended, abort it (the client is gone). Safe to call more than once."""
@@ -152,7 +170,9 @@ class Session:
             completion_tokens=finished.completion_tokens,
             cached=finished.cached_tokens,
         )
-        return Outcome(finished, text, list(self.output_ids), e2e, self.ttft, rest)
+        logprobs = None if self.logprobs is None else list(self.logprobs)
+        tops = None if self.top_logprobs is None else list(self.top_logprobs)
+        return Outcome(finished, text, list(self.output_ids), e2e, self.ttft, rest, logprobs, tops)
 
     def _record(self, *, aborted: bool, completion_tokens: int, cached: int) -> None:
         metrics = self.runner.metrics

@@ -1,6 +1,6 @@
 """Server-sent events as SGLang sends them: `data: {json}` lines, a blank line after each, and
-`data: [DONE]` at the end. A stream starts only once its request is known to be accepted, so a rejected
-request still gets its proper status code."""
+`data: [DONE]` at the end. A stream can start only once its request is known to be accepted, so a rejected
+request still gets its proper status code (the OpenAI routes; /generate's stream has begun before)."""
 
 from __future__ import annotations
 
@@ -22,11 +22,14 @@ def sse(obj: Any) -> bytes:
 DONE = b"data: [DONE]\n\n"
 
 
-async def first_event(session: Session) -> tuple[AsyncIterator[Delta | Outcome], Delta | Outcome | None]:
-    """Start the request and wait for its first event; an immediate rejection raises its APIError."""
+async def first_event(
+    session: Session, reject: bool = True
+) -> tuple[AsyncIterator[Delta | Outcome], Delta | Outcome | None]:
+    """Start the request and wait for its first event; with `reject`, an immediate rejection raises its
+    APIError."""
     events = session.events()
     first = await anext(events, None)
-    if isinstance(first, Outcome) and first.finished.kind == "abort" and not first.output_ids:
+    if reject and isinstance(first, Outcome) and first.finished.kind == "abort" and not first.output_ids:
         raise APIError(first.finished.message, first.finished.status_code)
     return events, first
 

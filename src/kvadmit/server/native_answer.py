@@ -1,0 +1,107 @@
+"""How SGLang's /generate answers: one object per prompt (a list for a batch), `text`, `output_ids` and a
+`meta_info` whose fields come in SGLang 0.5.22's order. A stream sends the whole text so far in each event,
+and a stream the engine aborts ends with an ordinary chunk whose finish_reason says so."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvadmit.server.session import Delta, Outcome, Session
+from kvadmit.server.sse import sse
+
+WEIGHT_VERSION = "default"  # SGLang's --weight-version default (the flag has no effect here)
+
+
+def finish_reason(outcome: Outcome) -> dict[str, Any]:
+    f = outcome.finished
+    if f.kind == "abort":
+        return {"type": "abort", "message": f.message, "status_code": f.status_code}
+    if f.kind == "length":
+        return {"type": "length", "length": f.completion_tokens}
+    return {"type": "stop", "matched": f.matched}
+
+
+def meta_info(
+    rid: str,
+    finish: dict[str, Any] | None,
+    prompt_tokens: int,
+    completion_tokens: int,
+    cached_tokens: int,
+    retractions: int,
+    logprobs: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The fields SGLang's tokenizer manager puts in every chunk. reasoning_tokens: 0 (no reasoning
+    parser here); cached_tokens_details: where the cached prompt tokens came from, null when none were
+    (one tier here: the device's radix cache)."""
+    details = {"device": cached_tokens, "host": 0} if cached_tokens > 0 else None
+    return {
+        "id": rid, "finish_reason": finish, "prompt_tokens": prompt_tokens, "weight_version": WEIGHT_VERSION,
+        "num_retractions": retractions, **(logprobs or {}), "reasoning_tokens": 0,
+        "completion_tokens": completion_tokens, "cached_tokens": cached_tokens,
+        "cached_tokens_details": details,
+    }  # fmt: skip
+
+
+def logprob_fields(
+    logprobs: list[float] | None, tops: list[list[tuple[float, int]]] | None, ids: list[int], tokenizer: Any
+) -> dict[str, Any] | None:
+    """return_logprob's fields: output_token_logprobs as [logprob, token id, its text or null] (text with
+    return_text_in_logprobs: a tokenizer given), and with top_logprobs_num a list of such per token; no
+    input logprobs (SGLang's default logprob_start_len)."""
+    if logprobs is None:
+        return None
+
+    def row(lp: float, t: int) -> list[Any]:
+        return [lp, t, tokenizer.decode([t]) if tokenizer is not None else None]
+
+    out = [row(lp, t) for lp, t in zip(logprobs, ids, strict=False)]  # equal lengths: sent together
+    fields: dict[str, Any] = {
+        "input_token_logprobs": [], "output_token_logprobs": out, "output_token_logprobs_length": len(out),
+    }  # fmt: skip
+    if tops is not None:
+        fields["input_top_logprobs"] = []
+        fields["output_top_logprobs"] = [[row(lp, t) for lp, t in step] for step in tops]
+    return fields
+
+
+def response_of(outcome: Outcome, rid: str, tokenizer: Any = None) -> dict[str, Any]:
+    f = outcome.finished
+    lps = logprob_fields(outcome.logprobs, outcome.top_logprobs, outcome.output_ids, tokenizer)
+    meta = meta_info(rid, finish_reason(outcome), f.prompt_tokens, f.completion_tokens, f.cached_tokens,
+                     f.retractions, lps)  # fmt: skip
+    meta["e2e_latency"] = outcome.e2e_latency
+    return {"text": outcome.text, "output_ids": outcome.output_ids, "meta_info": meta}
+
+
+class NativeAnswer:
+    """One /generate request's answers."""
+
+    streams_rejections = True  # SGLang's stream has begun (status 200) before the scheduler sees it
+
+    def __init__(self, single: bool, logprob_tokenizer: Any = None) -> None:
+        self.single = single
+        self.text = ""  # the streamed text so far
+        self.tokenizer = logprob_tokenizer  # return_text_in_logprobs: what decodes each token's text
+
+    def refuses(self, outcome: Outcome) -> bool:
+        return outcome.finished.kind == "abort" and not outcome.output_ids
+
+    def body(self, sessions: list[Session], outcomes: list[Outcome]) -> Any:
+        out = [response_of(o, s.rid, self.tokenizer) for o, s in zip(outcomes, sessions, strict=True)]
+        return out[0] if self.single else out
+
+    def opening(self) -> list[bytes]:
+        return []
+
+    def delta(self, session: Session, delta: Delta) -> bytes | None:
+        self.text += delta.text
+        lps = logprob_fields(session.logprobs, session.top_logprobs, session.output_ids, self.tokenizer)
+        meta = meta_info(session.rid, None, len(session.input_ids), len(session.output_ids),
+                         session.cached_tokens, session.retractions, lps)  # fmt: skip
+        return sse({"text": self.text, "output_ids": list(session.output_ids), "meta_info": meta})
+
+    def closing(self, session: Session, outcome: Outcome) -> list[bytes]:
+        return [sse(response_of(outcome, session.rid, self.tokenizer))]
+
+    def aborted(self, session: Session, outcome: Outcome) -> list[bytes]:
+        return [sse(response_of(outcome, session.rid, self.tokenizer))]
