@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test lint serve bench clean
+.PHONY: setup test test-fleet lint serve bench clean
 
 $(STAMP): pyproject.toml constraints/cpu.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -16,6 +16,16 @@ setup: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest
+
+# tests/fleet: simulated workers behind sglang-router and smg, and guidellm (the fleet extra, installed once)
+FLEET_STAMP := $(VENV)/.installed-fleet
+
+$(FLEET_STAMP): $(STAMP)
+	$(BIN)/pip install --quiet -e ".[dev,fleet]" -c constraints/cpu.txt
+	touch $(FLEET_STAMP)
+
+test-fleet: $(FLEET_STAMP)
+	$(BIN)/python -m pytest tests/fleet
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
