@@ -61,7 +61,10 @@ def add_kvadmit_serve_flags(p: argparse.ArgumentParser) -> None:
 
 
 def run(ns: argparse.Namespace) -> int:
+    from kvadmit.observe.startup import loop_line
     from kvadmit.server.main import serve
 
     ns.startup_notes = check_sglang_flags(ns)
-    return serve(ns, server_args_from(ns))
+    args = server_args_from(ns)
+    ns.startup_notes.append(loop_line(args))
+    return serve(ns, args)

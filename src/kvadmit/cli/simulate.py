@@ -105,6 +105,7 @@ def run(ns: argparse.Namespace) -> int:
     from contextlib import ExitStack
 
     from kvadmit.bench.summary import render_summary
+    from kvadmit.observe.startup import loop_line
     from kvadmit.sim.run import WarmupFailed, simulate
 
     cfg = simulate_config(ns)
@@ -116,6 +117,8 @@ def run(ns: argparse.Namespace) -> int:
         except OSError as e:
             raise UsageError(f"cannot write {e.filename!r}: {e.strerror}") from None
         emit = None if ns.quiet else (lambda line: log.write(line + "\n"))
+        if emit is not None:
+            emit(loop_line(cfg.args))
         try:
             result = simulate(cfg, emit_log=emit, request_trace=requests, step_trace=steps)
         except WarmupFailed as e:

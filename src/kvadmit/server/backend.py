@@ -5,7 +5,6 @@ unless --tokenizer-path is given). Either way the same scheduler decides everyth
 from __future__ import annotations
 
 import random
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,7 +61,9 @@ class Backend:
 
 
 class RealTimeSimulatedExecutor:
-    """The simulated executor, but each step takes its predicted time on the wall clock."""
+    """The simulated executor on the wall clock: each step's result is ready its predicted time after
+    its launch. The engine waits for it (engine.py: WallClock.wait_until), so under the overlap loop the
+    scheduler's own work between steps hides behind the step in flight, as on a GPU."""
 
     def __init__(self, cost: CostModel, output_lengths: dict[str, int], eos: int, text_token: int) -> None:
         from kvadmit.executor.simulated import TEXT_TOKEN_ID, SimulatedExecutor
@@ -72,12 +73,8 @@ class RealTimeSimulatedExecutor:
         self.text_token = text_token
 
     def run(self, batch: ScheduledBatch) -> StepResult:
-        start = time.perf_counter()
         result = self.inner.run(batch)
         tokens = [self.text_token if t == self.sim_text else t for t in result.next_token_ids]
-        left = result.seconds - (time.perf_counter() - start)
-        if left > 0:
-            time.sleep(left)
         return StepResult(tokens, result.seconds)
 
 

@@ -193,7 +193,8 @@ class EngineRunner:
                     self._idle_published = False
                     self._outbox.flush()
                     self.last_progress = time.monotonic()
-                    if self.step_trace is not None:
+                    if self.step_trace is not None and self._step_row is not None:
+                        # (under the overlap loop a step that only launched a batch processed none)
                         self._trace_step(begun, self.last_progress)
                     continue
                 self._idle = True
