@@ -30,6 +30,7 @@ class Stats:
     usage_bins: list[float | None]
     queue_bins: list[float | None]
     points: list[tuple[float, float | None, int | None]]  # (seconds into the window, usage, queue)
+    retracted: int = 0  # requests retracted in the window
 
 
 def _mean(xs: list[float]) -> float | None:
@@ -58,6 +59,7 @@ def window_stats(obs: Observed, t0: float, span_s: float) -> Stats:
         binned([(t, u) for t, u, _ in batch]),
         binned([(t, float(q) if q is not None else None) for t, _, q in batch]),
         [(t - t0, u, q) for t, u, q in batch],
+        retracted,
     )
 
 
