@@ -10,7 +10,8 @@ from typing import Any
 
 from kvadmit.doctor import model
 from kvadmit.doctor.observed import Observed, read_observed
-from kvadmit.doctor.reconstruct import CannotReconstruct, Reconstruction, judge_reservation, reconstruct
+from kvadmit.doctor.reconstruct import CannotReconstruct, Reconstruction, reconstruct
+from kvadmit.doctor.reservation import judge_reservation
 from kvadmit.doctor.resimulate import SimRun, run
 from kvadmit.doctor.whatif import (
     RETRACTION_FACTOR,
@@ -145,4 +146,4 @@ def _simulate_all(
 
 
 def _run(rec: Reconstruction, s: Scenario) -> SimRun:
-    return run(rec, s.label, s.overrides)
+    return run(rec, s.label, s.overrides, s.max_new_tokens)

@@ -132,23 +132,6 @@ def _loop_note(overlap: Inferred[bool | None]) -> str:
     return f"loop: {shown}, as the server_args line shows"
 
 
-def judge_reservation(rec: Reconstruction, obs: Observed, idle_pool: bool) -> None:
-    """Requests reserve their whole max_new_tokens when the doctor found an idle pool with a queue (the
-    pool far from full while requests wait) that no retraction and no request cap explains: SGLang 0.5.22
-    reserves an ignore_eos request at ratio 1, and bench_serving sends ignore_eos by default. Then each
-    request's max_new_tokens is its own output length: the spread of the outputs is a spread of budgets."""
-    if not idle_pool or obs.retracts or rec.max_running_requests.confidence == "estimate":
-        return
-    how = (
-        "an idle pool with a queue, no retraction and no request cap: each request reserves its whole "
-        "max_new_tokens (ignore_eos, as bench_serving sends by default) and generates all of it"
-    )
-    rec.reserves_all = Inferred(True, how, "estimate")
-    rec.stops_early = Inferred(False, "ignore_eos: each request generates all its max_new_tokens", "estimate")
-    how = "ignore_eos: the mean max_new_tokens is the mean output"
-    rec.max_new_tokens = Inferred(rec.output_len.value, how, "estimate")
-
-
 def _budget(
     obs: Observed, pool: int, prompt: Inferred[float], output: Inferred[float], spread: Inferred[float]
 ) -> tuple[Inferred[float], Inferred[bool]]:

@@ -10,7 +10,7 @@ from typing import Any
 
 from kvadmit.doctor import model
 from kvadmit.doctor.observed import Observed
-from kvadmit.doctor.reconstruct import Reconstruction
+from kvadmit.doctor.reconstruct import Reconstruction, lengths
 from kvadmit.doctor.resimulate import SimRun, diagnose_lines
 
 RETRACTION_FACTOR = 2.0  # the replay must give retractions per minute within this factor of the log's
@@ -68,6 +68,7 @@ class Scenario:
     label: str  # "--schedule-conservativeness 1.3"
     source: str  # "advice" | "user" | "today"
     overrides: dict[str, Any] = field(default_factory=dict)
+    max_new_tokens: int | None = None  # what every request asks for instead (None: as reconstructed)
 
 
 @dataclass(slots=True)
@@ -113,13 +114,25 @@ def outcome(rec: Reconstruction, scenario: Scenario, sim: SimRun) -> Outcome:
     )
 
 
+def realistic_budget(rec: Reconstruction) -> Scenario | None:
+    """The advice "set realistic max_new_tokens": every request asks for the outputs' p99 (lengths.py)
+    instead of the budget it asked for, when requests stop well short of it."""
+    if not rec.stops_early.value:
+        return None
+    p99 = lengths(rec).p99()
+    if p99 >= rec.max_new_tokens.value:
+        return None
+    return Scenario(f"max_new_tokens {p99:,} (the outputs' p99)", "advice", max_new_tokens=p99)
+
+
 def advised(rec: Reconstruction, verdict: str) -> list[Scenario]:
     """The doctor's advice, as flag changes (advice.py: raise conservativeness to 1.3, lower the request
-    cap below the running count at the first retraction)."""
+    cap below the running count at the first retraction, ask for realistic max_new_tokens)."""
+    realistic = realistic_budget(rec)
     if verdict not in RETRACTION_VERDICTS:
-        return []
+        return [realistic] if realistic and verdict == model.IDLE_POOL else []
     out = [Scenario("--schedule-conservativeness 1.3", "advice", {"schedule_conservativeness": 1.3})]
     if rec.running_at_first_retraction and rec.running_at_first_retraction > 2:
         cap = int(rec.running_at_first_retraction * 0.85)  # 15% below it
         out.append(Scenario(f"--max-running-requests {cap}", "advice", {"max_running_requests": cap}))
-    return out
+    return out + ([realistic] if realistic else [])
