@@ -184,7 +184,8 @@ WHAT_IFS = [
     ("ignore-eos", "--max-running-requests 16", {"max_running_requests": 16}, ("throughput", "usage")),
     ("storm", "--schedule-conservativeness 1.3", {"schedule_conservativeness": 1.3},
      ("retractions", "throughput", "usage")),
-    ("storm", "--max-running-requests 16", {"max_running_requests": 16}, ("retractions", "throughput", "usage")),
+    ("storm", "--max-running-requests 16", {"max_running_requests": 16},
+     ("retractions", "throughput", "usage")),
 ]  # fmt: skip
 
 
