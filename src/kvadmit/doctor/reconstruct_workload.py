@@ -101,16 +101,30 @@ def infer_arrivals(
             times += [t_prev + gap * (k + 1) / (new + 1) if gap > 0 else t for k in range(new)]
             emitted += new
         t_prev = t
-    # While requests arrive: n arrivals span n − 1 gaps. Over the window instead when there are few, or
-    # when they all come within a few timestamps (whole seconds cannot time them).
-    arriving = times[-1] - times[0] if len(times) >= 3 else 0.0
-    arriving = arriving if arriving >= 3 * max(resolution, 0.1) else 0.0
-    rate = (len(times) - 1) / arriving if arriving > 0 else (len(times) / span_s if span_s > 0 else 0.0)
-    how = (
-        f"{len(times):,} arrivals over {arriving or span_s:.0f} s: Δ#queue-req + Σ #new-seq − Σ "
-        "#retracted_reqs between batch lines"
-    )
+    rate, over = arrival_rate(times, span_s, resolution)
+    how = f"{over}: Δ#queue-req + Σ #new-seq − Σ #retracted_reqs between batch lines"
     return Arrivals(times, Inferred(rate, how, "estimate" if len(times) >= 3 else "guess"))
+
+
+def arrival_rate(times: list[float], span_s: float, resolution: float) -> tuple[float, str]:
+    """Requests a second while they arrive, and over what. With whole-second stamps, the arrivals within
+    the whole seconds strictly between the first and the last arrival's (where they arrived all second
+    long), so that the partial seconds at either end do not count; otherwise n arrivals span n − 1 gaps.
+    Over the window when there are few, or when they come within a few timestamps."""
+    n = len(times)
+    if resolution >= 1.0 and n >= 3:
+        first, last = int(times[0] // resolution), int(times[-1] // resolution)
+        if last - first >= 3:
+            inside = sum(1 for t in times if first < t // resolution < last)
+            seconds = (last - first - 1) * resolution
+            return (
+                inside / seconds,
+                f"{inside:,} arrivals in the {seconds:.0f} s between the first and the last",
+            )
+    arriving = times[-1] - times[0] if n >= 3 else 0.0
+    if arriving >= 3 * max(resolution, 0.1):
+        return (n - 1) / arriving, f"{n:,} arrivals over {arriving:.0f} s"
+    return (n / span_s if span_s > 0 else 0.0), f"{n:,} arrivals over the {span_s:.0f} s window"
 
 
 def infer_prompt(obs: Observed) -> Inferred[float] | None:
