@@ -17,6 +17,7 @@ RETRACTION_FACTOR = 2.0  # the replay must give retractions per minute within th
 USAGE_TOLERANCE = 0.15  # and token usage within this, on average over the window
 BINS = 10
 RETRACTION_VERDICTS = (model.STORM, model.OCCASIONAL, model.COLLAPSE)
+REALISTIC_BELOW = 0.9  # advise a realistic max_new_tokens when the outputs' p99 is under 90% of the ask
 
 
 @dataclass(slots=True)
@@ -120,7 +121,7 @@ def realistic_budget(rec: Reconstruction) -> Scenario | None:
     if not rec.stops_early.value:
         return None
     p99 = lengths(rec).p99()
-    if p99 >= rec.max_new_tokens.value:
+    if p99 > REALISTIC_BELOW * rec.max_new_tokens.value:  # the outputs' p99 is about what they ask for
         return None
     return Scenario(f"max_new_tokens {p99:,} (the outputs' p99)", "advice", max_new_tokens=p99)
 
