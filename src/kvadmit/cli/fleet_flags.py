@@ -89,4 +89,4 @@ def fleet_spec(ns: argparse.Namespace) -> FleetSpec | None:
         raise UsageError(str(e)) from None
     if getattr(ns, "replay_arrival", "time") == "step":
         raise UsageError("--replay-arrival step replays one server step for step; a fleet replays by time")
-    return FleetSpec(replicas, settings)
+    return FleetSpec(replicas, settings, in_process=dp > 1)

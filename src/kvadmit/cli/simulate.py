@@ -166,8 +166,7 @@ def _simulate_fleet(
     result = simulate_fleet(cfg, fleet, emit_log=emit, request_trace=requests, step_trace=steps)
     if fleet.replicas == 1:
         return result.sim, None
-    head = f"\n{fleet.replicas} replicas, router policy {fleet.router.policy}:"
-    return result.sim, head + "\n" + render_replica_table(result)
+    return result.sim, f"\n{fleet.describe()}:\n" + render_replica_table(result)
 
 
 def _read_lengths(path: str) -> tuple[int, ...]:

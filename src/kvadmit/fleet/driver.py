@@ -44,6 +44,12 @@ END, PERIODIC, SEND, STEP = 0, 1, 2, 3
 class FleetSpec:
     replicas: int = 1
     router: RouterSettings = field(default_factory=RouterSettings)
+    in_process: bool = False  # SGLang's --dp-size (its DP controller) rather than a router in front
+
+    def describe(self) -> str:
+        if self.in_process:
+            return f"--dp-size {self.replicas}, --load-balance-method {self.router.policy}"
+        return f"{self.replicas} replicas behind the router, --policy {self.router.policy}"
 
     def simulate(self, cfg: SimConfig, watch_steps: tuple[StepObserver, ...] = ()) -> SimResult:
         """The fleet's run as one SimResult (what sweeps and searches read)."""
