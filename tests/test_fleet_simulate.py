@@ -42,6 +42,26 @@ def test_one_replica_behind_the_router_is_plain_simulate_byte_for_byte(
     assert "Decode batch" in plain and "Successful requests:                     9" in plain
 
 
+RETRACTING = ["simulate", "--max-total-tokens", "2000", "--num-prompts", "100", "--random-input-len", "32",
+              "--random-output-len", "512", "--max-new-tokens", "512", "--schedule-conservativeness", "0.3",
+              "--disable-ignore-eos", "--decode-step-ms", "20", "--decode-log-interval", "1"]  # fmt: skip
+
+
+LOADS = [["--request-rate", "100"], ["--request-rate", "100", "--request-latency-ms", "7"],
+         ["--max-concurrency", "6", "--warmup-requests", "3"]]  # fmt: skip
+
+
+@pytest.mark.parametrize("load", LOADS)
+def test_one_replica_is_plain_simulate_with_retractions_latency_and_rates(
+    capsys: pytest.CaptureFixture[str], load: list[str]
+) -> None:
+    assert main([*RETRACTING, *load]) == 0
+    plain = capsys.readouterr().out
+    assert main([*RETRACTING, *load, "--replicas", "1", "--router", "power_of_two"]) == 0
+    assert capsys.readouterr().out == plain
+    assert "KV cache pool is full. Retract requests." in plain or load[0] == "--max-concurrency"
+
+
 def test_two_replicas_round_robin_split_the_requests_exactly(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
