@@ -2,7 +2,9 @@
 0.3.2 and smg 1.13.0 (each configuration run --repeats times, for the real runs' own spread), and
 `kvadmit simulate --replicas N --router POLICY` on the same requests (benchmarks/fleet_workload.py).
 
-Per worker: requests served (from the workers' --trace-requests), peak queue (the largest #queue-req of
+The simulation gets the HTTP path's time as --request-latency-ms: the median TTFT of a few requests sent
+one at a time to the idle workers through the router, measured first. Per worker: requests served (from
+the workers' --trace-requests), peak queue (the largest #queue-req of
 its log, --decode-log-interval 1) and TTFT median (the client's, of that worker's requests). Under
 round_robin the counts must be identical; under cache_aware and power_of_two workers are listed by how many
 requests they served (which one gets most is a draw), and the simulated value is compared with the real
@@ -32,7 +34,15 @@ sys.path.insert(0, str(HERE.parent / "tests" / "fleet"))
 
 from fleet_helpers import running_router, start_worker, wait_idle, wait_worker  # noqa: E402
 
-from fleet_workload import QUEUE, WorkerResult, make_stream, send_stream, served_from_trace, simulated  # noqa: E402
+from fleet_workload import (  # noqa: E402
+    QUEUE,
+    WorkerResult,
+    idle_ttft_ms,
+    make_stream,
+    send_stream,
+    served_from_trace,
+    simulated,
+)
 from kvadmit.config import ServerArgs  # noqa: E402
 from machine import cpu_model, publish  # noqa: E402
 
@@ -102,8 +112,11 @@ def main() -> None:
         for log, trace in files:
             log.touch()
             trace.touch()
+        with running_router("sglang-router", workers, "round_robin", folder) as r:
+            overhead_ms = idle_ttft_ms(r.url, ns.max_tokens)
+        wait_idle(workers)
         for policy in ns.policies.split(","):
-            sim = simulated(stream, args, ns.decode_ms, policy, ns.workers, poll_s=1)
+            sim = simulated(stream, args, ns.decode_ms, policy, ns.workers, 1, overhead_ms / 1000)
             for router in ns.routers.split(","):
                 runs = [real_run(router, policy, workers, files, stream, folder) for _ in range(ns.repeats)]
                 rows.append((policy, router, sim, runs))
@@ -119,6 +132,8 @@ def main() -> None:
         f"Python {platform.python_version()}",
         f"workers: {ns.workers} × kvadmit serve --simulate ({ns.decode_ms:g} ms decode steps, "
         f"--max-running-requests {ns.max_running}); routers poll loads every 1 s",
+        f"simulated with --request-latency-ms {overhead_ms:.0f}: the median TTFT of 7 requests sent one at a "
+        "time through the router to the idle workers (HTTP, router, server loop on this machine)",
         f"requests: {ns.requests} at {ns.rate:g}/s (Poisson), 4 shared system prompts, "
         f"{ns.max_tokens} tokens each; {ns.repeats} real runs per configuration",
         f"load average (1 min) before / after: {load_before:.1f} / {load_after:.1f}",

@@ -59,9 +59,9 @@ class WorkerResult:
 
 
 def simulated(stream: Stream, args: ServerArgs, decode_ms: float, policy: str, workers: int,
-              poll_s: int) -> list[WorkerResult]:  # fmt: skip
+              poll_s: int, latency_s: float) -> list[WorkerResult]:  # fmt: skip
     """The stream through `simulate --replicas N --router POLICY`: byte tokens (the workers' tokenizer),
-    two warm-up requests (the real run's router check and its warm-up)."""
+    two warm-up requests (the real run's router check and its warm-up), --request-latency-ms latency_s."""
     reqs = tuple(
         SimRequest(i, len(p.encode()), stream.max_tokens, stream.max_tokens, None, True, 0, tuple(p.encode()))
         for i, p in enumerate(stream.prompts)
@@ -69,6 +69,7 @@ def simulated(stream: Stream, args: ServerArgs, decode_ms: float, policy: str, w
     cfg = SimConfig(
         args=args, workload=WorkloadSpec(num_prompts=len(reqs), vocab_size=257),
         cost=CostModel.simple(decode_step_ms=decode_ms, prefill_tokens_per_s=1e6), warmup_requests=2,
+        request_latency_s=latency_s,
         replay=Replay(reqs, tuple(stream.arrivals), tuple(f"req-{i}" for i in range(len(reqs)))),
     )  # fmt: skip
     lines: list[str] = []
@@ -117,6 +118,18 @@ def send_stream(url: str, stream: Stream) -> list[float]:
             return list(await asyncio.gather(*jobs))
 
     return asyncio.run(run())
+
+
+def idle_ttft_ms(url: str, max_tokens: int, n: int = 7) -> float:
+    """The median TTFT of n requests sent one at a time to an idle fleet (prompts no run uses): what the
+    HTTP path through the router and the server adds to a simulated TTFT."""
+
+    async def run() -> list[float]:
+        async with httpx.AsyncClient(timeout=60) as client:
+            return [await _send(client, url, f"probe {k}: " + "x" * 200, max_tokens, time.monotonic())
+                    for k in range(n)]  # fmt: skip
+
+    return statistics.median(asyncio.run(run()))
 
 
 def served_from_trace(new_lines: list[str]) -> list[int]:
