@@ -22,6 +22,7 @@ import datetime as dt
 import json
 import os
 import platform
+import re
 import statistics
 import sys
 import tempfile
@@ -46,11 +47,27 @@ from fleet_workload import (  # noqa: E402
 from kvadmit.config import ServerArgs  # noqa: E402
 from machine import cpu_model, publish  # noqa: E402
 
+DECODE = re.compile(r"Decode batch, #running-req: (\d+),.*gen throughput \(token/s\): ([\d.]+)")
+
 
 def tail(path: Path, start: int) -> list[str]:
     with path.open("rb") as f:
         f.seek(start)
         return f.read().decode(errors="replace").splitlines()
+
+
+STEPS: list[float] = []  # every real decode step's duration (ms), from the workers' logs
+
+
+def decode_ms(lines: list[str]) -> list[float]:
+    """Each Decode batch line's step time (--decode-log-interval 1: #running-req tokens over its gen
+    throughput's window), in ms."""
+    out = []
+    for line in lines:
+        m = DECODE.search(line)
+        if m and float(m.group(2)) > 0:
+            out.append(1000 * int(m.group(1)) / float(m.group(2)))
+    return out
 
 
 def real_run(router: str, policy: str, workers: list, files: list[tuple[Path, Path]], stream, folder: Path):  # type: ignore[no-untyped-def]
@@ -64,7 +81,9 @@ def real_run(router: str, policy: str, workers: list, files: list[tuple[Path, Pa
     out = []
     for (log, trace), (log_at, trace_at) in zip(files, marks, strict=True):
         served = served_from_trace(tail(trace, trace_at))
-        queues = [int(m.group(1)) for line in tail(log, log_at) for m in [QUEUE.search(line)] if m]
+        lines = tail(log, log_at)
+        STEPS.extend(decode_ms(lines))
+        queues = [int(m.group(1)) for line in lines for m in [QUEUE.search(line)] if m]
         mine = [ttfts[i] for i in served]
         out.append(WorkerResult(served, max(queues, default=0), statistics.median(mine) if mine else 0.0))
     return out
@@ -77,6 +96,35 @@ def ranked(results: list[WorkerResult], by_index: bool) -> list[WorkerResult]:
 def span(values: list[float], fmt: str) -> str:
     lo, hi = min(values), max(values)
     return format(lo, fmt) if lo == hi else f"{format(lo, fmt)}–{format(hi, fmt)}"
+
+
+def table_rows(
+    policy: str, router: str, runs: list[list[WorkerResult]], nominal: list[WorkerResult],
+    fitted: list[WorkerResult],
+) -> list[str]:  # fmt: skip
+    """One row per worker: round_robin by worker index, the others by requests served (most first)."""
+    by_index = policy == "round_robin"
+    nominal, fitted = ranked(nominal, by_index), ranked(fitted, by_index)
+    runs = [ranked(run, by_index) for run in runs]
+    out = []
+    for k in range(len(nominal)):
+        counts = [len(run[k].served) for run in runs]
+        queues = [run[k].peak_queue for run in runs]
+        ttft = [run[k].ttft_p50_ms for run in runs]
+        a, b = nominal[k], fitted[k]
+        pairs = ((len(b.served), counts), (b.peak_queue, queues), (b.ttft_p50_ms, ttft))
+        inside = [min(v) <= x <= max(v) for x, v in pairs]
+        verdict = ", ".join(n for n, i in zip(("count", "queue", "TTFT"), inside, strict=True) if i) or "—"
+        if by_index:
+            moved = max(len(set(run[k].served) ^ set(a.served)) // 2 for run in runs)
+            verdict += f"; at most {moved} of its requests swapped with another worker's"
+        label = f"DP{k}" if by_index else f"#{k + 1}"
+        out.append(
+            f"| {policy} | {router} | {label} | {len(a.served)} / {span(counts, 'd')} | "
+            f"{a.peak_queue} / {b.peak_queue} / {span(queues, 'd')} | "
+            f"{a.ttft_p50_ms:,.0f} / {b.ttft_p50_ms:,.0f} / {span(ttft, ',.0f')} | {verdict} |"
+        )
+    return out
 
 
 def main() -> None:
@@ -116,15 +164,19 @@ def main() -> None:
             overhead_ms = idle_ttft_ms(r.url, ns.max_tokens)
         wait_idle(workers)
         for policy in ns.policies.split(","):
-            sim = simulated(stream, args, ns.decode_ms, policy, ns.workers, 1, overhead_ms / 1000)
             for router in ns.routers.split(","):
                 runs = [real_run(router, policy, workers, files, stream, folder) for _ in range(ns.repeats)]
-                rows.append((policy, router, sim, runs))
+                rows.append((policy, router, runs))
                 print(f"{router} {policy}: {[[len(w.served) for w in run] for run in runs]}", file=sys.stderr)
     finally:
         for w in workers:
             w.stop()
     load_after = os.getloadavg()[0]
+    measured = statistics.median(STEPS)
+    sims = {}
+    for policy in ns.policies.split(","):
+        for step in (ns.decode_ms, measured):
+            sims[policy, step] = simulated(stream, args, step, policy, ns.workers, 1, overhead_ms / 1000)
     lines = [
         "# benchmarks/fleet_fidelity.py: simulate --replicas N --router POLICY against the real routers",
         f"date: {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC",
@@ -134,38 +186,19 @@ def main() -> None:
         f"--max-running-requests {ns.max_running}); routers poll loads every 1 s",
         f"simulated with --request-latency-ms {overhead_ms:.0f}: the median TTFT of 7 requests sent one at a "
         "time through the router to the idle workers (HTTP, router, server loop on this machine)",
+        f"and with two decode step times: the cost model's {ns.decode_ms:g} ms ('sim'), and "
+        f"{measured:.1f} ms, the median of the {len(STEPS):,} decode steps the real workers logged "
+        "('sim, measured')",
         f"requests: {ns.requests} at {ns.rate:g}/s (Poisson), 4 shared system prompts, "
         f"{ns.max_tokens} tokens each; {ns.repeats} real runs per configuration",
         f"load average (1 min) before / after: {load_before:.1f} / {load_after:.1f}",
         "",
-        "| policy | router | worker | requests sim | requests real | peak queue sim | peak queue real | "
-        "TTFT p50 ms sim | TTFT p50 ms real | within |",
-        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+        "| policy | router | worker | requests: sim / real | peak queue: sim / sim, measured / real | "
+        "TTFT p50 ms: sim / sim, measured / real | sim, measured within the real range |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for policy, router, sim, runs in rows:
-        by_index = policy == "round_robin"
-        sim_k = ranked(sim, by_index)
-        runs_k = [ranked(run, by_index) for run in runs]
-        for k in range(ns.workers):
-            counts = [len(run[k].served) for run in runs_k]
-            queues = [run[k].peak_queue for run in runs_k]
-            ttft = [run[k].ttft_p50_ms for run in runs_k]
-            s = sim_k[k]
-            if by_index:
-                ok = all(run[k].served == s.served for run in runs_k)
-                verdict = "same requests" if ok else "DIFFERENT"
-            else:
-                pairs = ((len(s.served), counts), (s.peak_queue, queues), (s.ttft_p50_ms, ttft))
-                inside = [min(v) <= x <= max(v) for x, v in pairs]
-                verdict = (
-                    ", ".join(n for n, i in zip(("count", "queue", "TTFT"), inside, strict=True) if i)
-                    or "none"
-                )
-            label = f"DP{k}" if by_index else f"#{k + 1}"
-            lines.append(
-                f"| {policy} | {router} | {label} | {len(s.served)} | {span(counts, 'd')} | {s.peak_queue} | "
-                f"{span(queues, 'd')} | {s.ttft_p50_ms:,.0f} | {span(ttft, ',.0f')} | {verdict} |"
-            )
+    for policy, router, runs in rows:
+        lines += table_rows(policy, router, runs, sims[policy, ns.decode_ms], sims[policy, measured])
     publish(lines, ns.output)
 
 

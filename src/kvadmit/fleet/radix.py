@@ -114,6 +114,9 @@ class ApproxTree:
         return tenant, pos
 
     def evict(self, max_size: int) -> None:
+        count = self.char_count
+        if all(size <= max_size for size in count.values()):
+            return  # SGLang walks the tree and pops every leaf, but evicts nothing: skip the walk
         order = itertools.count()
         heap: list[tuple[int, int, int, _Node]] = []
         stack = [self.root]
@@ -123,7 +126,6 @@ class ApproxTree:
             for tenant in _leaf_tenants(node):
                 heap.append((node.tenants[tenant], next(order), tenant, node))
         heapq.heapify(heap)
-        count = self.char_count
         while heap:
             _, _, tenant, node = heapq.heappop(heap)
             if count.get(tenant, 0) <= max_size:
