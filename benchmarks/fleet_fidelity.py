@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import itertools
 import json
 import os
 import platform
-import re
 import statistics
 import sys
 import tempfile
@@ -47,7 +47,9 @@ from fleet_workload import (  # noqa: E402
 from kvadmit.config import ServerArgs  # noqa: E402
 from machine import cpu_model, publish  # noqa: E402
 
-DECODE = re.compile(r"Decode batch, #running-req: (\d+),.*gen throughput \(token/s\): ([\d.]+)")
+
+def steps_file(log: Path) -> Path:
+    return log.with_suffix(".steps.jsonl")
 
 
 def tail(path: Path, start: int) -> list[str]:
@@ -56,18 +58,15 @@ def tail(path: Path, start: int) -> list[str]:
         return f.read().decode(errors="replace").splitlines()
 
 
-STEPS: list[float] = []  # every real decode step's duration (ms), from the workers' logs
+STEPS: list[float] = []  # every real decode cycle (ms), from the workers' --trace-steps
 
 
-def decode_ms(lines: list[str]) -> list[float]:
-    """Each Decode batch line's step time (--decode-log-interval 1: #running-req tokens over its gen
-    throughput's window), in ms."""
-    out = []
-    for line in lines:
-        m = DECODE.search(line)
-        if m and float(m.group(2)) > 0:
-            out.append(1000 * int(m.group(1)) / float(m.group(2)))
-    return out
+def decode_cycles_ms(lines: list[str]) -> list[float]:
+    """The time from one decode step's end to the next's, where two decode steps follow each other within
+    a second (--trace-steps' t): the step and whatever the server did between two steps, in ms."""
+    rows = [json.loads(line) for line in lines]
+    return [1000 * (b["t"] - a["t"]) for a, b in itertools.pairwise(rows)
+            if a["kind"] == b["kind"] == "decode" and 0 < b["t"] - a["t"] < 1.0]  # fmt: skip
 
 
 def real_run(router: str, policy: str, workers: list, files: list[tuple[Path, Path]], stream, folder: Path):  # type: ignore[no-untyped-def]
@@ -75,14 +74,15 @@ def real_run(router: str, policy: str, workers: list, files: list[tuple[Path, Pa
         httpx.post(f"{w.url}/flush_cache", timeout=10)
     wait_idle(workers)
     marks = [(log.stat().st_size, trace.stat().st_size) for log, trace in files]
+    step_marks = [steps_file(log).stat().st_size for log, _ in files]
     with running_router(router, workers, policy, folder) as r:
         ttfts = send_stream(r.url, stream)
     wait_idle(workers)
     out = []
-    for (log, trace), (log_at, trace_at) in zip(files, marks, strict=True):
+    for (log, trace), (log_at, trace_at), steps_at in zip(files, marks, step_marks, strict=True):
         served = served_from_trace(tail(trace, trace_at))
         lines = tail(log, log_at)
-        STEPS.extend(decode_ms(lines))
+        STEPS.extend(decode_cycles_ms(tail(steps_file(log), steps_at)))
         queues = [int(m.group(1)) for line in lines for m in [QUEUE.search(line)] if m]
         mine = [ttfts[i] for i in served]
         out.append(WorkerResult(served, max(queues, default=0), statistics.median(mine) if mine else 0.0))
@@ -115,9 +115,6 @@ def table_rows(
         pairs = ((len(b.served), counts), (b.peak_queue, queues), (b.ttft_p50_ms, ttft))
         inside = [min(v) <= x <= max(v) for x, v in pairs]
         verdict = ", ".join(n for n, i in zip(("count", "queue", "TTFT"), inside, strict=True) if i) or "—"
-        if by_index:
-            moved = max(len(set(run[k].served) ^ set(a.served)) // 2 for run in runs)
-            verdict += f"; at most {moved} of its requests swapped with another worker's"
         label = f"DP{k}" if by_index else f"#{k + 1}"
         out.append(
             f"| {policy} | {router} | {label} | {len(a.served)} / {span(counts, 'd')} | "
@@ -150,7 +147,7 @@ def main() -> None:
     for log, trace in files:
         extra = ["--max-running-requests", str(ns.max_running), "--max-total-tokens", "20000",
                  "--decode-log-interval", "1", "--log-level", "info", "--log-file", str(log),
-                 "--trace-requests", str(trace)]  # fmt: skip
+                 "--trace-requests", str(trace), "--trace-steps", str(steps_file(log))]  # fmt: skip
         workers.append(start_worker(str(cost), folder, extra))
     load_before = os.getloadavg()[0]
     rows = []
@@ -160,6 +157,7 @@ def main() -> None:
         for log, trace in files:
             log.touch()
             trace.touch()
+            steps_file(log).touch()
         with running_router("sglang-router", workers, "round_robin", folder) as r:
             overhead_ms = idle_ttft_ms(r.url, ns.max_tokens)
         wait_idle(workers)
@@ -172,7 +170,7 @@ def main() -> None:
         for w in workers:
             w.stop()
     load_after = os.getloadavg()[0]
-    measured = statistics.median(STEPS)
+    measured = statistics.mean(STEPS)
     sims = {}
     for policy in ns.policies.split(","):
         for step in (ns.decode_ms, measured):
@@ -187,8 +185,9 @@ def main() -> None:
         f"simulated with --request-latency-ms {overhead_ms:.0f}: the median TTFT of 7 requests sent one at a "
         "time through the router to the idle workers (HTTP, router, server loop on this machine)",
         f"and with two decode step times: the cost model's {ns.decode_ms:g} ms ('sim'), and "
-        f"{measured:.1f} ms, the median of the {len(STEPS):,} decode steps the real workers logged "
-        "('sim, measured')",
+        f"{measured:.1f} ms, the mean time between two consecutive decode steps of the real workers "
+        f"({len(STEPS):,} of them, from their --trace-steps: the step and the server's work between steps; "
+        "'sim, measured')",
         f"requests: {ns.requests} at {ns.rate:g}/s (Poisson), 4 shared system prompts, "
         f"{ns.max_tokens} tokens each; {ns.repeats} real runs per configuration",
         f"load average (1 min) before / after: {load_before:.1f} / {load_after:.1f}",
