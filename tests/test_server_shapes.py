@@ -47,7 +47,8 @@ def test_stream_meta_info_has_sglang_fields_and_cached_tokens_from_first_chunk(s
     sp = {"max_new_tokens": 5, "ignore_eos": True}
     first = httpx.post(f"{srv.url}/generate", json={"text": prompt, "sampling_params": sp}, timeout=60).json()
     meta = first["meta_info"]
-    assert list(meta) == [*META_KEYS, "e2e_latency"]
+    # SGLang stamps the first answer it sends (without --enable-metrics too)
+    assert list(meta) == [*META_KEYS, "e2e_latency", "response_sent_to_client_ts"]
     assert meta["prompt_tokens"] == 25 and meta["completion_tokens"] == 5
     assert meta["weight_version"] == "default" and meta["num_retractions"] == 0
     assert meta["reasoning_tokens"] == 0
@@ -63,7 +64,9 @@ def test_stream_meta_info_has_sglang_fields_and_cached_tokens_from_first_chunk(s
         m = c["meta_info"]
         assert m["id"] == "again" and m["prompt_tokens"] == 25 and m["num_retractions"] == 0
         assert m["cached_tokens"] == 24 and m["cached_tokens_details"] == {"device": 24, "host": 0}
-    assert all(list(c["meta_info"]) == META_KEYS for c in chunks[:-1])
+    # the first chunk is stamped when it is sent; the others are not, nor is the last
+    assert list(chunks[0]["meta_info"]) == [*META_KEYS, "response_sent_to_client_ts"]
+    assert all(list(c["meta_info"]) == META_KEYS for c in chunks[1:-1])
     assert all(c["meta_info"]["finish_reason"] is None for c in chunks[:-1])
     assert list(chunks[-1]["meta_info"]) == [*META_KEYS, "e2e_latency"]
     assert chunks[-1]["meta_info"]["finish_reason"] == {"type": "length", "length": 5}
