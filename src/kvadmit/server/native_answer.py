@@ -1,6 +1,7 @@
 """How SGLang's /generate answers: one object per prompt (a list for a batch), `text`, `output_ids` and a
 `meta_info` whose fields come in SGLang 0.5.22's order. A stream sends the whole text so far in each event,
-and a stream the engine aborts ends with an ordinary chunk whose finish_reason says so."""
+and a stream the engine aborts ends with an ordinary chunk whose finish_reason says so. A streamed batch
+interleaves its prompts' events, each with its prompt's `index` (last, as SGLang adds it)."""
 
 from __future__ import annotations
 
@@ -93,9 +94,9 @@ class NativeAnswer:
 
     def __init__(self, single: bool, logprob_tokenizer: Any = None) -> None:
         self.single = single
-        self.text = ""  # the streamed text so far
+        self.texts: dict[str, str] = {}  # rid → the text streamed so far
         self.tokenizer = logprob_tokenizer  # return_text_in_logprobs: what decodes each token's text
-        self.first_sent: float | None = None  # when the stream's first chunk went out
+        self.first_sent: dict[str, float] = {}  # rid → when its first chunk went out
 
     def refuses(self, outcome: Outcome) -> bool:
         return outcome.finished.kind == "abort" and not outcome.output_ids
@@ -108,16 +109,23 @@ class NativeAnswer:
         return []
 
     def delta(self, session: Session, delta: Delta) -> bytes | None:
-        self.text += delta.text
+        rid = session.rid
+        text = self.texts[rid] = self.texts.get(rid, "") + delta.text
         lps = logprob_fields(session.logprobs, session.top_logprobs, session.output_ids, self.tokenizer)
-        meta = meta_info(session.rid, None, len(session.input_ids), len(session.output_ids),
+        meta = meta_info(rid, None, len(session.input_ids), len(session.output_ids),
                          session.cached_tokens, session.retractions, lps, session.times)  # fmt: skip
-        if self.first_sent is None:  # SGLang stamps the first chunk it sends
-            self.first_sent = meta["response_sent_to_client_ts"] = time.time()
-        return sse({"text": self.text, "output_ids": list(session.output_ids), "meta_info": meta})
+        if rid not in self.first_sent:  # SGLang stamps the first chunk it sends
+            self.first_sent[rid] = meta["response_sent_to_client_ts"] = time.time()
+        return self._event({"text": text, "output_ids": list(session.output_ids), "meta_info": meta}, session)
 
     def closing(self, session: Session, outcome: Outcome) -> list[bytes]:
-        return [sse(response_of(outcome, session.rid, self.tokenizer, self.first_sent))]
+        first = self.first_sent.get(session.rid)
+        return [self._event(response_of(outcome, session.rid, self.tokenizer, first), session)]
 
     def aborted(self, session: Session, outcome: Outcome) -> list[bytes]:
-        return [sse(response_of(outcome, session.rid, self.tokenizer, self.first_sent))]
+        return self.closing(session, outcome)
+
+    def _event(self, obj: dict[str, Any], session: Session) -> bytes:
+        if not self.single:
+            obj["index"] = session.index
+        return sse(obj)

@@ -92,6 +92,7 @@ class Session:
 
         self.runner = runner
         self.rid = rid or uuid.uuid4().hex
+        self.index = 0  # its prompt's place in a batch
         self.input_ids = input_ids
         self.streaming = streaming
         self.is_disconnected = is_disconnected
