@@ -50,7 +50,7 @@ from sglang.srt.server_args import ServerArgs  # noqa: E402
 rc.publish(ServerArgs(model_path="dummy", device="cpu"), role="scheduler")
 
 from sglang.srt.managers import scheduler as sched_mod  # noqa: E402
-from sglang.srt.managers.schedule_batch import Req  # noqa: E402
+from sglang.srt.managers.schedule_batch import ScheduleBatch  # noqa: E402
 from sglang.srt.managers.scheduler import Scheduler  # noqa: E402
 from sglang.srt.managers.utils import GenerationBatchResult  # noqa: E402
 from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator  # noqa: E402
@@ -184,6 +184,9 @@ class StubGrammar:
 
     def process_req_with_grammar(self, req):
         return False
+
+    def abort_requests(self, recv_req):
+        return None
 
 
 class StubDllm:
@@ -354,6 +357,28 @@ def build_scheduler(server: dict):
     return s
 
 
+_real_retract_decode = ScheduleBatch.retract_decode
+_current_driver = []
+
+
+def _recording_retract_decode(self, *a, **k):
+    """SGLang's retract_decode, with its outcome recorded: the retracted rids, the ratio before and after,
+    the slots it freed (measured as update_running_batch measures #new_tokens_gained) and the aborted."""
+    d = _current_driver[-1]
+    alloc = d.s.token_to_kv_pool_allocator
+    before, old = alloc.available_size(), d.s.new_token_ratio_tracker.current
+    retracted, new_ratio, aborted = _real_retract_decode(self, *a, **k)
+    d.events.append(
+        ["R", d.launched, [r.rid for r in retracted], alloc.available_size() - before, old, new_ratio]
+    )
+    for r in aborted:
+        d.events.append(["A", d.launched, r.rid])
+    return retracted, new_ratio, aborted
+
+
+ScheduleBatch.retract_decode = _recording_retract_decode
+
+
 def finish_kind(req) -> str:
     name = type(req.finished_reason).__name__
     return {"FINISH_LENGTH": "length", "FINISH_MATCHED_TOKEN": "stop", "FINISH_ABORT": "abort"}.get(
@@ -392,7 +417,6 @@ class Driver:
         real_process = s.process_batch_result
         real_update = s.update_running_batch
         real_on_idle = s.on_idle
-        real_add = s._add_request_to_queue
 
         def process_batch_result(batch, result):
             real_process(batch, result)
@@ -409,16 +433,9 @@ class Driver:
             if s.is_fully_idle():
                 self.idle_seen = True
 
-        def add_request_to_queue(req, is_retracted=False):
-            if is_retracted:
-                self.retracted_now.append(req.rid)
-            return real_add(req, is_retracted)
-
         s.process_batch_result = process_batch_result
         s.update_running_batch = update_running_batch
         s.on_idle = on_idle
-        s._add_request_to_queue = add_request_to_queue
-        self.retracted_now: list = []
 
     def ingest(self, stop_at_pause=False):
         s = self.s
@@ -444,6 +461,15 @@ class Driver:
         if self.next_arrival >= len(self.requests) and self.idle_seen:
             s.gracefully_exit = True
         self.quiet_passes += 1
+        if self.quiet_passes >= 3 and self.stuck():
+            # SGLang waits forever here (the head of the queue does not fit even in an empty pool, e.g. an
+            # ignore_eos request with the radix cache off whose max_new_tokens is at the memory cap);
+            # kvadmit ends that request instead. Record the hang and end it by a client abort.
+            head = s.waiting_queue[0]
+            self.events.append(["H", self.launched, head.rid])
+            self.client_abort(head.rid, record_it=False)
+            self.scan_finished()
+            self.quiet_passes = 0
         if self.quiet_passes > self.STALL_PASSES:
             raise RuntimeError(f"stalled: {self.quiet_passes} passes launched nothing")
         return []
@@ -475,11 +501,23 @@ class Driver:
                 self.reqs[r.rid] = r
         self.events.append(["I", self.launched, spec["rid"]])
 
-    def client_abort(self, rid):
+    def client_abort(self, rid, record_it=True):
         from sglang.srt.managers.io_struct import AbortReq
 
         self.s.abort_request(AbortReq(rid=rid))
-        self.events.append(["C", self.launched, rid])
+        if record_it:
+            self.events.append(["C", self.launched, rid])
+
+    def stuck(self):
+        """Nothing runs, nothing is in flight, and the queue's head waits: no later pass changes that."""
+        s = self.s
+        return (
+            s.running_batch.is_empty()
+            and s.chunked_req is None
+            and (s.last_batch is None)
+            and not s.result_queue
+            and bool(s.waiting_queue)
+        )
 
     def run_batch(self, batch, pp_proxy_tensors=None):
         s = self.s
@@ -521,9 +559,30 @@ def run_scenario(sc: dict) -> dict:
     catcher.lines = []
     d = Driver(sc)
     catcher.sink = d.events
+    _current_driver.append(d)
     catcher.launched = lambda: d.launched
     try:
         d.run()
     finally:
         catcher.sink = None
+        _current_driver.pop()
     return {"id": sc["id"], "events": d.events}
+
+
+def main():
+    if len(sys.argv) != 2:
+        sys.exit(__doc__)
+    with open(sys.argv[1]) as f:
+        for line in f:
+            if not line.strip():
+                continue
+            sc = json.loads(line)
+            try:
+                out = run_scenario(sc)
+            except Exception as e:  # report, keep going
+                out = {"id": sc["id"], "error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()[-2000:]}
+            print(json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    main()
