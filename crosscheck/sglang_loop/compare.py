@@ -39,6 +39,8 @@ def split(events: list) -> dict[str, list]:
     out: dict[str, list] = {k: [] for k in CATEGORIES}
     for e in events:
         out[e[0]].append(e)
+    # Requests that end at the same moment: their order is how the recorder walked them, not a decision.
+    out["F"].sort(key=lambda e: (e[1], e[2]))
     return out
 
 

@@ -24,7 +24,7 @@ import random
 
 def scenario(rng: random.Random, sid: str, overlap: bool, version: str, abort_fraction: float) -> dict:
     page = rng.choice([1, 1, 1, 2, 4, 16])
-    pool = rng.choice([64, 96, 128, 192, 256, 384, 512, 768, 1024, 2048])
+    pool = rng.choice([48, 64, 96, 128, 160, 192, 256, 384, 512, 1024])
     pool = max(pool, 8 * page)
     pool -= pool % page
     chunk = rng.choice([None, None, 16, 32, 64, 128, 256, 512])
@@ -36,7 +36,7 @@ def scenario(rng: random.Random, sid: str, overlap: bool, version: str, abort_fr
         "chunked_prefill_size": chunk,
         "max_prefill_tokens": rng.choice([16384, 16384, 64, 128, 256, 512, 1024]),
         "max_running_requests": rng.choice([None, None, None, 1, 2, 3, 4, 8, 16]),
-        "schedule_conservativeness": rng.choice([1.0, 1.0, 0.3, 0.5, 0.8, 1.3, 2.0]),
+        "schedule_conservativeness": rng.choice([1.0, 1.0, 0.1, 0.2, 0.3, 0.5, 0.8, 1.3, 2.0]),
         "disable_radix_cache": rng.random() < 0.3,
         "schedule_policy": rng.choice(["fcfs", "fcfs", "lpm"]),
         "decode_log_interval": rng.randint(1, 5),
@@ -44,13 +44,14 @@ def scenario(rng: random.Random, sid: str, overlap: bool, version: str, abort_fr
         "overlap": overlap,
         "sglang_version": version,
     }
-    n = rng.randint(1, 24)
+    n = rng.randint(1, 32)
+    burst = rng.random() < 0.5  # most requests at once: the pool fills, retraction follows
     prompts: list[list[int]] = []
     requests = []
     arrive = 0
     next_token = 100
     for i in range(n):
-        plen = rng.randint(1, max(2, min(pool // 3, rng.choice([8, 16, 32, 64, 128, 256]))))
+        plen = rng.randint(1, max(2, min(pool // 4, rng.choice([4, 8, 16, 32, 64, 128]))))
         ids: list[int] = []
         if prompts and rng.random() < 0.35:
             base = rng.choice(prompts)
@@ -64,7 +65,7 @@ def scenario(rng: random.Random, sid: str, overlap: bool, version: str, abort_fr
         eos_at = None
         if rng.random() < 0.5:
             eos_at = rng.randint(0, max(0, max_new + 2))
-        arrive += rng.choice([0, 0, 0, 1, 2, 3, 5, 10, 20])
+        arrive += rng.choice([0, 0, 0, 0, 0, 1]) if burst else rng.choice([0, 0, 0, 1, 2, 3, 5, 10, 20])
         abort_after = None
         if rng.random() < abort_fraction:
             abort_after = arrive + rng.randint(0, 30)
