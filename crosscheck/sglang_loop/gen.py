@@ -5,7 +5,8 @@
 A scenario (one JSON line):
   server:   max_total_tokens, page_size, chunked_prefill_size (None: off), max_prefill_tokens,
             max_running_requests (None: SGLang's default), schedule_conservativeness, disable_radix_cache,
-            schedule_policy (fcfs | lpm), decode_log_interval, context_length, overlap, sglang_version
+            schedule_policy (fcfs | lpm), decode_log_interval, context_length, overlap, sglang_version,
+            env (optional SGLANG_* knobs: the ratio's decay steps, the retraction's decode steps)
   requests: rid (fixed width, so that no rid is a prefix of another: SGLang's abort matches prefixes),
             input_ids (some share a prefix with an earlier request), max_new_tokens, ignore_eos,
             eos_at (the output index at which the stub model emits EOS, or None: never),
@@ -46,6 +47,15 @@ def scenario(rng: random.Random, sid: str, overlap: bool, version: str, abort_fr
     }
     n = rng.randint(1, 32)
     burst = rng.random() < 0.5  # most requests at once: the pool fills, retraction follows
+    # Under pressure, admission is optimistic and outputs run long: decode runs out of memory.
+    pressure = rng.random() < 0.5
+    if pressure:
+        server["schedule_conservativeness"] = rng.choice([0.05, 0.1, 0.2, 0.3])
+        # A fast decay brings admission back to optimism soon after a retraction: more retractions.
+        server["env"] = {
+            "SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS": str(rng.choice([600, 50, 20, 5])),
+            "SGLANG_RETRACT_DECODE_STEPS": str(rng.choice([20, 20, 5, 1])),
+        }
     prompts: list[list[int]] = []
     requests = []
     arrive = 0
@@ -62,8 +72,10 @@ def scenario(rng: random.Random, sid: str, overlap: bool, version: str, abort_fr
         ids = ids[:plen] if len(ids) > plen else ids
         prompts.append(ids)
         max_new = rng.choice([1, 2, 4, 8, 16, 32, 64, 128, 256, rng.randint(1, 300)])
+        if pressure:
+            max_new = rng.choice([32, 64, 128, 256, rng.randint(16, 300)])
         eos_at = None
-        if rng.random() < 0.5:
+        if rng.random() < (0.15 if pressure else 0.5):
             eos_at = rng.randint(0, max(0, max_new + 2))
         arrive += rng.choice([0, 0, 0, 0, 0, 1]) if burst else rng.choice([0, 0, 0, 1, 2, 3, 5, 10, 20])
         abort_after = None

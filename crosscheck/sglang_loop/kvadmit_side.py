@@ -17,7 +17,7 @@ import traceback
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import record  # noqa: E402  (this folder)
-from kvadmit.config import ServerArgs  # noqa: E402
+from kvadmit.config import SchedulerKnobs, ServerArgs  # noqa: E402
 from kvadmit.engine import Engine, VirtualClock  # noqa: E402
 from kvadmit.executor.base import StepResult  # noqa: E402
 from kvadmit.observe.sglang_log import SGLangLogWriter  # noqa: E402
@@ -48,6 +48,8 @@ def server_args(server: dict) -> ServerArgs:
         kw["disable_overlap_schedule"] = not server["overlap"]
     elif server["overlap"]:
         raise NotImplementedError("this kvadmit has no overlap loop (ServerArgs.disable_overlap_schedule)")
+    if server.get("env"):
+        kw["knobs"] = SchedulerKnobs.from_environ(server["env"])
     if server.get("sglang_version"):
         kw["sglang_version"] = server["sglang_version"]
     return ServerArgs(**kw)

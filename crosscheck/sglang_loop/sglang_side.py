@@ -36,7 +36,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "sglang_scheduler"))
 import stubs  # noqa: E402
 
-EXTRA_STUBS = ["setproctitle", "einops", "uvicorn", "fastapi"]
+EXTRA_STUBS = ["setproctitle", "einops", "uvicorn", "fastapi", "tvm_ffi"]
 
 # scheduler.py imports a few more packages at module level than the admission modules do.
 stubs.STUBBED.extend(EXTRA_STUBS)
@@ -265,6 +265,7 @@ def build_scheduler(server: dict):
         hf_config=types.SimpleNamespace(architectures=["LlamaForCausalLM"]),
         use_ngram_embedding=False,
         think_end_ids=None,
+        self_opened_think_start_ids=None,
     )
     s.device = "cpu"
     s.max_total_num_tokens = pool
@@ -309,6 +310,7 @@ def build_scheduler(server: dict):
     s.tree_cache = UnifiedRadixCache(params)
     s.disable_radix_cache = server["disable_radix_cache"]
 
+    s.init_kv_event_lora_names()
     s.ipc_channels = types.SimpleNamespace(
         send_to_tokenizer=_Recorder(),
         send_to_detokenizer=_Recorder(),
@@ -556,6 +558,22 @@ class Driver:
 
 
 def run_scenario(sc: dict) -> dict:
+    # SGLANG_* knobs: SGLang reads them from the environment (the ratio tracker when it is built, the
+    # retraction estimate at each retraction), so they are set for the whole run.
+    env = {k: str(v) for k, v in (sc["server"].get("env") or {}).items()}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        return _run_scenario(sc)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _run_scenario(sc: dict) -> dict:
     catcher.lines = []
     d = Driver(sc)
     catcher.sink = d.events
