@@ -55,11 +55,13 @@ def output_token(spec: Spec, k: int) -> int:
 
 def expected_end(spec: Spec, cap: int) -> tuple[FinishKind, int]:
     """How a request that is not aborted ends, from the rules: a prefill always yields one token (so a cap
-    of 0 still gives one), the length limit is checked before stop tokens, ignore_eos ignores EOS, and
-    so does a request with fewer than min_new_tokens outputs (min_new_tokens is capped like max_new)."""
+    of 0 still gives one), stop tokens are checked before the length limit (SGLang 0.5.22's
+    update_finish_state: an EOS on the last allowed token ends the request as "stop"), ignore_eos ignores
+    EOS, and so does a request with fewer than min_new_tokens outputs (min_new_tokens is capped like
+    max_new)."""
     limit = max(cap, 1)
     min_new = min(spec.min_new_tokens, cap)
-    if not spec.ignore_eos and spec.eos_at is not None and min_new <= spec.eos_at < limit:
+    if not spec.ignore_eos and spec.eos_at is not None and min_new <= spec.eos_at <= limit:
         return FinishKind.STOP, spec.eos_at
     return FinishKind.LENGTH, limit
 

@@ -85,7 +85,8 @@ class StepResults:
             else:
                 self.cache.cache_unfinished_req(req, req.fill_len)
         assert batch.stats is not None
-        self.events.append(batch.stats.with_queue(len(self.waiting)))  # the queue at log time
+        used = self.num_used_tokens()  # the queue and the pool at log time
+        self.events.append(batch.stats.at_report(len(self.waiting), used, used / self.max_total_num_tokens))
 
     def _stash_chunked_req(self) -> None:
         """At the start of a pass SGLang checkpoints the chunk the chunked request computed (its KV goes
@@ -195,14 +196,16 @@ class StepResults:
     def _check_finished(self, req: Req, token: int) -> FinishReason | None:
         if req.abort_requested:
             return FinishReason(FinishKind.ABORT, CLIENT_ABORT_MESSAGE, 499)
-        if len(req.output_ids) >= req.max_new_tokens:  # no remaining_new_tokens left
-            return FinishReason(FinishKind.LENGTH, matched=None)
+        # A stop token that lands on the last allowed token ends the request as "stop": SGLang 0.5.22
+        # checks stop tokens before the length cap.
         if (
             not req.sampling.ignore_eos
             and token in req.stop_token_ids
             and len(req.output_ids) >= req.min_new_tokens
         ):
             return FinishReason(FinishKind.STOP, matched=token)
+        if len(req.output_ids) >= req.max_new_tokens:  # no remaining_new_tokens left
+            return FinishReason(FinishKind.LENGTH, matched=None)
         if self.stop_checker is not None:
             matched = self.stop_checker(req)
             if matched is not None:

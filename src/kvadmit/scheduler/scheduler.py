@@ -272,6 +272,8 @@ class Scheduler(RequestIntake, DecodeMemory, StepResults):
         if adder.new_chunked_req is not None:
             self.chunked_req = adder.new_chunked_req
         self._stash_chunk = self.chunked_req is not None
+        if self.page_size > 1:  # SGLang evicts for the batch's tokens plus a fresh page per request
+            evict_for(self.cache, self.pool, sum([r.fill_len - len(r.kv) + self.page_size for r in admitted]))
         for req in admitted:
             if req is not chunked:
                 self.req_slots.alloc()
@@ -357,6 +359,8 @@ class Scheduler(RequestIntake, DecodeMemory, StepResults):
             slots = self.pool.alloc_decode(len(running.reqs))
             deque(map(array.append, running.kvs, slots), maxlen=0)
         else:
+            # SGLang over-estimates the step: it evicts as if every request needed a fresh page.
+            evict_for(self.cache, self.pool, len(running.reqs) * self.page_size)
             for req in running.reqs:
                 self._alloc_kv(req, 1)
         running.kv_tokens += len(running.reqs)  # one slot each
