@@ -9,7 +9,14 @@ from collections.abc import Callable
 from dataclasses import MISSING, Field, fields
 
 from kvadmit.cli.sglang_flags import human_readable_int
-from kvadmit.config import ADMISSION_POLICIES, SCHEDULE_POLICIES, ConfigError, SchedulerKnobs, ServerArgs
+from kvadmit.config import (
+    ADMISSION_POLICIES,
+    RETRACTION_POLICIES,
+    SCHEDULE_POLICIES,
+    ConfigError,
+    SchedulerKnobs,
+    ServerArgs,
+)
 from kvadmit.errors import UsageError
 
 # ServerArgs fields that are not flags of the server group: the knobs come from SGLANG_* variables, the
@@ -22,7 +29,10 @@ SERVER_FLAG_HELP: dict[str, str] = {
     "sglang_version": "kvadmit's own flag: reproduce this SGLang release's rules (0.5.22 default; earlier: "
     "classic rules)",
 }
-SERVER_FLAG_CHOICES: dict[str, tuple[str, ...]] = {"schedule_policy": SCHEDULE_POLICIES}
+SERVER_FLAG_CHOICES: dict[str, tuple[str, ...]] = {
+    "schedule_policy": SCHEDULE_POLICIES,
+    "retraction_policy": RETRACTION_POLICIES,
+}
 # Token counts take SGLang's suffixes too (4k = 4000, 4Ki = 4096), as its launch flags do.
 SERVER_FLAG_TYPES: dict[str, Callable[[str], object]] = {
     "max_total_tokens": human_readable_int,

@@ -43,7 +43,7 @@ def add_sglang_flags(p: argparse.ArgumentParser) -> None:
         f"SGLang {SGLANG_FLAGS_VERSION}'s other launch flags",
         "All of them parse, so that a `python -m sglang.launch_server` line runs as it is. One that would "
         "change decisions kvadmit does not model (parallelism, speculative decoding, disaggregation, "
-        "hybrid pools, mixed chunks, priorities, ...) is refused with one line; the others have no effect "
+        "hybrid pools, mixed chunks, ...) is refused with one line; the others have no effect "
         "here, and the start-up log names those given.",
     )
     g.add_argument(
