@@ -307,6 +307,8 @@ def test_choose_preempted_walks_from_the_least_urgent_until_the_tokens_are_cover
     # Least urgent first: q0 (0, newer than p0), p0, p5 (20 − 5 = 15 > 10), then p30 (not more urgent).
     assert rids(prio.choose_preempted(b, running, 50, lambda r: offset(r.rid)) or []) == ["q0"]
     assert rids(prio.choose_preempted(b, running, 350, lambda r: offset(r.rid)) or []) == ["q0", "p0"]
+    # covered exactly (400 − 100 − 300 = 0) is enough
+    assert rids(prio.choose_preempted(b, running, 400, lambda r: offset(r.rid)) or []) == ["q0", "p0"]
     assert rids(prio.choose_preempted(b, running, 600, lambda r: offset(r.rid)) or []) == ["q0", "p0", "p5"]
     assert prio.choose_preempted(b, running, 600.5, lambda r: offset(r.rid)) is None  # p30 stops the walk
     b15 = preq("b15", 15)  # 15 − 5 = 10: p5 no longer qualifies
@@ -373,3 +375,34 @@ def test_an_admission_snapshot_names_the_preemption() -> None:
     ans = admit({**server, "priority_scheduling_preemption_threshold": 20}, [w("B", 1000, 400, priority=20)],
                 running=running)  # fmt: skip
     assert ans["admitted"] == [] and ans["preempted"] == []
+
+
+def test_preemption_evicts_the_cache_down_to_20_tokens_per_request_left() -> None:
+    # A pool of 177: A holds 101, C holds 1, the cache 25 (the oldest entry) + B's 50-token prefix;
+    # nothing free. B preempts C (the newer of the two at priority 0); C's 1 token is freed and the cache
+    # is evicted until 20 × 1 (one request left) are free: the 25-token entry goes, B's prefix stays.
+    running = [
+        {"rid": "A", "prompt_len": 100, "output_len": 1, "max_new_tokens": 2, "priority": 0},
+        {"rid": "C", "prompt_len": 1, "output_len": 0, "max_new_tokens": 1, "priority": 0},
+    ]
+    server = {"max_total_tokens": 177, "max_running_requests": 2, "enable_priority_scheduling": True}
+    waiting = [w("B", 1000, 1, cached_prefix_len=50, priority=20)]
+    ans = admit(server, waiting, running=running, evictable_tokens=75)
+    assert ans["preempted"] == ["C"] and ans["prefix_lens"] == {"B": 50}
+
+
+def test_a_request_that_ended_in_the_batch_leaves_it_after_a_preemption_in_front_of_it() -> None:
+    # Batch [A, C]; C (priority 50) ends in a decode step and still sits in the batch when B (20) preempts
+    # A (0) at the request cap. The next decode pass drops C, and B decodes alone.
+    sched = make_scheduler(max_total_tokens=4000, max_running_requests=2, enable_priority_scheduling=True)
+    a, c = preq("A", 0, prompt=20, max_new=100), preq("C", 50, prompt=20, max_new=2)
+    for q in (a, c):
+        sched.add_request(q)
+        step(sched)
+    batch, _ = step(sched)
+    assert batch.kind == "decode" and c.finished and rids(sched.running.reqs) == ["A", "C"]
+    sched.add_request(preq("B", 20, prompt=20))
+    batch, _ = step(sched)
+    assert rids(batch.reqs) == ["B"] and Preemption(("A",), "B") in sched.drain_events()
+    batch, _ = step(sched)
+    assert batch.kind == "decode" and rids(batch.reqs) == ["B"]
