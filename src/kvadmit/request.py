@@ -45,6 +45,7 @@ class SamplingLimits:
     ignore_eos: bool = False
     min_new_tokens: int = 0
     stop_token_ids: frozenset[int] = frozenset()
+    priority: int | None = None  # the request's priority (SGLang's `priority` field), None: not given
 
 
 @dataclass(slots=True, eq=False)
@@ -100,6 +101,8 @@ class Req:
         self.max_new_tokens = MAX_NEW_TOKENS_UNSET if asked is None else asked
         self.min_new_tokens = self.sampling.min_new_tokens
         self.stop_token_ids = self.sampling.stop_token_ids
+        if self.priority is None:
+            self.priority = self.sampling.priority
 
     @property
     def seqlen(self) -> int:
