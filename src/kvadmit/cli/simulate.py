@@ -64,6 +64,7 @@ def simulate_config(ns: argparse.Namespace) -> SimConfig:
         max_new_tokens=ns.max_new_tokens,
         stop=ns.stop_distribution,
         output_lens=lens,
+        priority_mix=ns.priority_mix,
     )
     try:
         workload.validate()
@@ -104,6 +105,7 @@ def simulate_config(ns: argparse.Namespace) -> SimConfig:
 def run(ns: argparse.Namespace) -> int:
     from contextlib import ExitStack
 
+    from kvadmit.bench.priority_classes import render_priority_classes
     from kvadmit.bench.summary import render_summary
     from kvadmit.sim.run import WarmupFailed, simulate
 
@@ -135,6 +137,9 @@ def run(ns: argparse.Namespace) -> int:
             duration_s=result.duration_s,
         )
     )
+    by_priority = render_priority_classes(result.outcomes)
+    if by_priority is not None:
+        print(by_priority)
     return 0
 
 
