@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from server_helpers import RunningServer, running_server, write_cost_model
+from server_helpers import RunningServer, running_server, wait_idle, write_cost_model
 
 
 @pytest.fixture(scope="module")
@@ -90,8 +90,48 @@ def test_an_urgent_request_preempts_a_running_one_over_http(tmp_path: Path) -> N
         t = threading.Thread(target=long_stream)
         t.start()
         assert first_token.wait(10)
-        urgent = post(s, "/generate", {"text": "b", "sampling_params": {"max_new_tokens": 2}, "priority": 11})
+        urgent = post(
+            s,
+            "/generate",
+            {"text": "b", "sampling_params": {"max_new_tokens": 2, "ignore_eos": True}, "priority": 11},
+        )
         assert urgent.status_code == 200 and urgent.json()["meta_info"]["completion_tokens"] == 2
         assert t.is_alive()  # answered while the 200-token stream still runs: it was preempted
         t.join(60)
         assert results == [200]
+
+
+def test_metrics_carry_sglangs_priority_label(cost: str) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    argv = ["--simulate", cost, "--max-total-tokens", "4096", "--enable-metrics", "--decode-log-interval",
+            "1", "--enable-priority-scheduling", "--default-priority-value", "3"]  # fmt: skip
+    with running_server(argv) as s:
+        native = {"text": "hi", "sampling_params": {"max_new_tokens": 3, "ignore_eos": True}, "priority": 7}
+        assert post(s, "/generate", native).status_code == 200
+        completion = {"prompt": "hi", "max_tokens": 3, "ignore_eos": True}  # no priority: gets the default, 3
+        assert post(s, "/v1/completions", completion).status_code == 200
+        wait_idle(s)  # a request is answered before its step's report reaches the metrics
+        text = httpx.get(f"{s.url}/metrics", timeout=10).text
+    samples = [x for f in text_string_to_metric_families(text) for x in f.samples]
+
+    def value(name: str, **labels: str) -> float:
+        found = [x.value for x in samples if x.name == name and labels.items() <= x.labels.items()]
+        assert len(found) == 1, (name, labels, found)
+        return found[0]
+
+    # the tokenizer side: the request's priority after the default
+    assert value("sglang:num_requests_total", priority="7", is_streaming="false") == 1
+    assert value("sglang:num_requests_total", priority="3", is_streaming="false") == 1
+    # the scheduler side: "" on every series, and for the two queue counts a series per priority seen at a
+    # report (each request ran in decode batches that reported, --decode-log-interval 1); idle now: 0
+    assert value("sglang:num_queue_reqs", priority="") == 0
+    assert value("sglang:token_usage", priority="") >= 0
+    assert (
+        value("sglang:num_running_reqs", priority="7") == 0
+        and value("sglang:num_queue_reqs", priority="7") == 0
+        and value("sglang:num_running_reqs", priority="3") == 0
+    )
+    assert all(
+        "priority" in x.labels for x in samples if x.name.startswith("sglang:") and "model_name" in x.labels
+    )
