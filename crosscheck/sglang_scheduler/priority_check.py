@@ -23,7 +23,8 @@ import sys
 
 ADMISSION_FIELDS = ["admitted", "chunked", "extend_lens", "prefix_lens", "verdict", "stopped_at", "preempted",
                     "rem_total_tokens", "cur_rem_tokens", "rem_input_tokens", "rem_chunk_tokens"]  # fmt: skip
-DECODE_FIELDS = ["retract_called", "retracted", "aborted", "abort_message", "new_ratio", "kept", "new_tokens_gained"]
+DECODE_FIELDS = ["retract_called", "retracted", "aborted", "abort_message", "new_ratio", "kept",
+                 "new_tokens_gained"]  # fmt: skip
 
 
 # ----- generation (stdlib only) -----------------------------------------------------------------------
@@ -117,7 +118,8 @@ def sglang_answers(path: str) -> None:
         for t, (req, spec) in enumerate(zip(st.waiting, snap["waiting"], strict=True), start=1):
             req.priority = resolve(spec.get("priority"), server)
             req.time_stats.wait_queue_entry_time = float(t)
-        for t, (req, spec) in enumerate(zip(st.running, snap["running"], strict=True), start=len(st.waiting) + 1):
+        first_running = len(st.waiting) + 1
+        for t, (req, spec) in enumerate(zip(st.running, snap["running"], strict=True), start=first_running):
             req.priority = resolve(spec.get("priority"), server)
             req.time_stats.wait_queue_entry_time = float(t)
         chunk = server.get("chunked_prefill_size")
@@ -176,12 +178,13 @@ def sglang_answers(path: str) -> None:
         st = harness.build(snap)
         for req, spec in zip(st.running, snap["running"], strict=True):
             req.priority = resolve(spec.get("priority"), server)
-        with rc.get_schedule().override(schedule_low_priority_values_first=low,
-                                        retraction_policy=server.get("retraction_policy", "length")):  # fmt: skip
+        policy = server.get("retraction_policy", "length")
+        with rc.get_schedule().override(schedule_low_priority_values_first=low, retraction_policy=policy):
             ok = st.batch.check_decode_mem()
             if ok:
+                kept = [r.rid for r in st.batch.reqs]
                 return {"retract_called": False, "retracted": [], "aborted": None, "abort_message": None,
-                        "new_ratio": None, "kept": [r.rid for r in st.batch.reqs], "new_tokens_gained": 0}  # fmt: skip
+                        "new_ratio": None, "kept": kept, "new_tokens_gained": 0}  # fmt: skip
             before = st.alloc.available_size()
             retracted, ratio, aborted = st.batch.retract_decode()
         last = aborted[-1] if aborted else None
@@ -215,7 +218,8 @@ def compare(snaps_path: str, kv_path: str, sg_path: str) -> int:
         if "error" in k or "error" in s:
             counts["error"] += 1
             if counts["error"] <= 3:
-                print(f"snapshot {i}: error: kvadmit {k.get('error')} / sglang {s.get('error')}", file=sys.stderr)
+                print(f"snapshot {i}: error: kvadmit {k.get('error')} / sglang {s.get('error')}",
+                      file=sys.stderr)  # fmt: skip
             continue
         decode_check = snap.get("check") == "decode"
         counts["decode" if decode_check else "admission"] += 1
