@@ -89,11 +89,23 @@ def test_disable_overlap_schedule_is_what_kvadmit_runs(served: _Served) -> None:
     assert args == ServerArgs(knobs=SchedulerKnobs.from_environ())
 
 
+def test_sglangs_priority_flags_are_the_schedulers(served: _Served) -> None:
+    ns, args = _serve(served, ["--enable-priority-scheduling", "--schedule-low-priority-values-first",
+                               "--default-priority-value", "-3", "--priority-scheduling-preemption-threshold",
+                               "4", "--retraction-policy", "priority", "--disable-overlap-schedule"])  # fmt: skip
+    assert ns.startup_notes == []
+    assert args == ServerArgs(
+        enable_priority_scheduling=True, schedule_low_priority_values_first=True, default_priority_value=-3,
+        priority_scheduling_preemption_threshold=4, retraction_policy="priority",
+        knobs=SchedulerKnobs.from_environ(),
+    )  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
         (["--enable-mixed-chunk"], "--enable-mixed-chunk: kvadmit models SGLang's non-overlap loop"),
-        (["--enable-priority-scheduling"], "--enable-priority-scheduling: kvadmit models SGLang's non-"),
+        (["--radix-eviction-policy", "priority"], "--radix-eviction-policy priority: kvadmit models the GPU"),
         (["--tp-size", "2"], "--tp-size 2: kvadmit runs one scheduler on one device"),
         (["--dp-size", "2"], "--dp-size 2: kvadmit runs one scheduler on one device"),
         (["--speculative-algorithm", "EAGLE"], "--speculative-algorithm EAGLE: kvadmit does not model spec"),
