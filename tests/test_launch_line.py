@@ -90,9 +90,12 @@ def test_disable_overlap_schedule_is_what_kvadmit_runs(served: _Served) -> None:
 
 
 def test_sglangs_priority_flags_are_the_schedulers(served: _Served) -> None:
-    ns, args = _serve(served, ["--enable-priority-scheduling", "--schedule-low-priority-values-first",
-                               "--default-priority-value", "-3", "--priority-scheduling-preemption-threshold",
-                               "4", "--retraction-policy", "priority", "--disable-overlap-schedule"])  # fmt: skip
+    flags = [
+        "--enable-priority-scheduling", "--schedule-low-priority-values-first",
+        "--default-priority-value", "-3", "--priority-scheduling-preemption-threshold", "4",
+        "--retraction-policy", "priority",
+    ]  # fmt: skip
+    ns, args = _serve(served, [*flags, "--disable-overlap-schedule"])
     assert ns.startup_notes == []
     assert args == ServerArgs(
         enable_priority_scheduling=True, schedule_low_priority_values_first=True, default_priority_value=-3,
