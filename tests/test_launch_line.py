@@ -115,7 +115,8 @@ def test_sglangs_priority_flags_are_the_schedulers(served: _Served) -> None:
         (["--disaggregation-mode", "prefill"], "--disaggregation-mode prefill: kvadmit does not model"),
         (["--enable-dp-attention"], "--enable-dp-attention: kvadmit runs one scheduler"),
         (["--swa-full-tokens-ratio", "0.5"], "--swa-full-tokens-ratio 0.5: kvadmit models one"),
-        (["--schedule-policy", "priority"], "--schedule-policy priority: kvadmit models SGLang's fcfs"),
+        (["--schedule-policy", "priority"], "--schedule-policy priority: SGLang 0.5.22's parser takes it"),
+        (["--schedule-policy", "hrrn"], "--schedule-policy hrrn: kvadmit models SGLang's fcfs"),
     ],
 )
 def test_a_refused_kind_is_one_line_and_exit_2(
