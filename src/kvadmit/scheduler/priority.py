@@ -92,11 +92,13 @@ class PriorityScheduling:
     # ----- the waiting queue ------------------------------------------------------------------
     def sort_fcfs(self, waiting: list[Req]) -> None:
         """Most urgent first, then the earliest queue entry."""
-        waiting.sort(key=lambda r: (self.key(r), r.queue_entry))
+        sign = self.sign  # (self.key written out: this runs on every pass over the whole queue)
+        waiting.sort(key=lambda r: (r.priority * sign, r.queue_entry))
 
     def sort_lof(self, waiting: list[Req]) -> None:
         """Most urgent first, then the longest max_new_tokens (a stable sort: ties keep queue order)."""
-        waiting.sort(key=lambda r: (self.key(r), -r.max_new_tokens))
+        sign = self.sign
+        waiting.sort(key=lambda r: (r.priority * sign, -r.max_new_tokens))
 
     def queue_full_victim(self, incoming: Req, waiting: list[Req]) -> int | None:
         """The queue is full and `incoming` wants in. The index of the queued request to abort in its place,
@@ -108,6 +110,22 @@ class PriorityScheduling:
         return at if self.key(incoming) < self.key(waiting[at]) else None
 
     # ----- preemption ---------------------------------------------------------------------------
+    def beats(self, candidate: Req, running: Req) -> bool:
+        """Is `candidate` more urgent than `running` by more than the threshold?"""
+        assert candidate.priority is not None and running.priority is not None
+        return (candidate.priority - running.priority) * -self.sign > self.preemption_threshold
+
+    def may_preempt(self, candidate: Req, running: list[Req]) -> bool:
+        """Whether choose_preempted can pick anyone: the least urgent running request (the first it
+        tries) must qualify. One pass over the batch, without SGLang's exact budget sum and sort, which
+        at a full batch would otherwise run on every scheduling pass."""
+        values = [r.priority for r in running if r.finished_reason is None]
+        if not values:
+            return False
+        least = max(values) if self.low_values_first else min(values)
+        assert candidate.priority is not None and least is not None
+        return (candidate.priority - least) * -self.sign > self.preemption_threshold
+
     def choose_preempted(
         self, candidate: Req, running: list[Req], tokens_short: float, offset_of: Callable[[Req], float]
     ) -> list[Req] | None:
@@ -118,9 +136,7 @@ class PriorityScheduling:
         order = sorted((r for r in running if not r.finished), key=lambda r: (-self.key(r), -r.queue_entry))
         chosen: list[Req] = []
         for r in order:
-            # how much more urgent the candidate is (positive: more urgent), as SGLang computes it
-            assert candidate.priority is not None and r.priority is not None
-            if (candidate.priority - r.priority) * -self.sign <= self.preemption_threshold:
+            if not self.beats(candidate, r):
                 break
             chosen.append(r)
             tokens_short -= offset_of(r)
