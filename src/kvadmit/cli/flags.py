@@ -9,7 +9,14 @@ from collections.abc import Callable
 from dataclasses import MISSING, Field, fields
 
 from kvadmit.cli.sglang_flags import human_readable_int
-from kvadmit.config import ADMISSION_POLICIES, SCHEDULE_POLICIES, ConfigError, SchedulerKnobs, ServerArgs
+from kvadmit.config import (
+    ADMISSION_POLICIES,
+    RETRACTION_POLICIES,
+    SCHEDULE_POLICIES,
+    ConfigError,
+    SchedulerKnobs,
+    ServerArgs,
+)
 from kvadmit.errors import UsageError
 
 # ServerArgs fields that are not flags of the server group: the knobs come from SGLANG_* variables, the
@@ -22,7 +29,10 @@ SERVER_FLAG_HELP: dict[str, str] = {
     "sglang_version": "kvadmit's own flag: reproduce this SGLang release's rules (0.5.22 default; earlier: "
     "classic rules)",
 }
-SERVER_FLAG_CHOICES: dict[str, tuple[str, ...]] = {"schedule_policy": SCHEDULE_POLICIES}
+SERVER_FLAG_CHOICES: dict[str, tuple[str, ...]] = {
+    "schedule_policy": SCHEDULE_POLICIES,
+    "retraction_policy": RETRACTION_POLICIES,
+}
 # Token counts take SGLang's suffixes too (4k = 4000, 4Ki = 4096), as its launch flags do.
 SERVER_FLAG_TYPES: dict[str, Callable[[str], object]] = {
     "max_total_tokens": human_readable_int,
@@ -152,6 +162,7 @@ def add_workload_flags(p: argparse.ArgumentParser) -> None:
         "queue); above 0, a request sent as a step ends waits for the step after it, as on a real server",
     )
     w.add_argument("--vocab-size", type=int, default=d.vocab_size, help="for random-ids prompts")
+    add_priority_mix_flag(w)
     w.add_argument(
         "--max-new-tokens",
         type=int,
@@ -183,6 +194,27 @@ def add_workload_flags(p: argparse.ArgumentParser) -> None:
         help="time: send each request at its arrival time; step: hand it to the scheduler right after "
         "the step it followed on the server (a trace from kvadmit serve --trace-requests), so every "
         "decision can be compared with the server's step for step (no warm-up, no client limit)",
+    )
+
+
+def _priority_mix(text: str) -> object:
+    from kvadmit.bench.workload import parse_priority_mix
+
+    try:
+        return parse_priority_mix(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def add_priority_mix_flag(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """--priority-mix: service tiers, as each request's `priority` (kvadmit's own flag)."""
+    p.add_argument(
+        "--priority-mix",
+        metavar="P:W,...",
+        type=_priority_mix,
+        default=None,
+        help='each request sends a priority drawn with these weights, e.g. "0:0.8,10:0.2" (the server '
+        "needs --enable-priority-scheduling to act on it); the summary adds TTFT and latency per priority",
     )
 
 

@@ -41,6 +41,8 @@ from kvadmit.scheduler.invariants import check_invariants
 from kvadmit.scheduler.ordering import QueueOrder
 from kvadmit.scheduler.output_budget import max_request_len
 from kvadmit.scheduler.policy import admission_policy
+from kvadmit.scheduler.preemption import PriorityPreemption
+from kvadmit.scheduler.priority import PriorityScheduling
 from kvadmit.scheduler.ratio import NewTokenRatio
 from kvadmit.scheduler.results import StepResults
 from kvadmit.scheduler.retraction import RetractResult, evict_for
@@ -55,7 +57,7 @@ from kvadmit.scheduler.types import (
 __all__ = ["AdmissionRecord", "EngineCrash", "ScheduledBatch", "Scheduler", "StepOutcome"]
 
 
-class Scheduler(RequestIntake, DecodeMemory, StepResults):
+class Scheduler(RequestIntake, DecodeMemory, StepResults, PriorityPreemption):
     def __init__(
         self,
         args: ServerArgs,
@@ -75,7 +77,8 @@ class Scheduler(RequestIntake, DecodeMemory, StepResults):
             raise ConfigError("the KV pool needs a positive size (--max-total-tokens)")
         self.args = args
         self.profile = args.profile
-        self.policy = admission_policy(args.admission_policy)
+        self.prio = PriorityScheduling.from_args(args)
+        self.policy = admission_policy(args.admission_policy, self.prio)
         self.knobs = self.policy.knobs(args.knobs)
         self.page_size = args.page_size
         self.pool = token_pool if token_pool is not None else TokenPool(pool_size or 0, args.page_size)
@@ -100,7 +103,7 @@ class Scheduler(RequestIntake, DecodeMemory, StepResults):
         self.cache: RadixCache = cache_cls(self.pool, args.page_size)
         self.req_slots = ReqSlotPool(self.max_running_requests)
         self.ratio = NewTokenRatio.from_config(args.schedule_conservativeness, self.knobs)
-        self.order = QueueOrder(args.schedule_policy, self.cache, args.random_seed)
+        self.order = QueueOrder(args.schedule_policy, self.cache, args.random_seed, self.prio)
 
         self.waiting: list[Req] = []
         self.running = self._new_running_batch()
@@ -206,6 +209,8 @@ class Scheduler(RequestIntake, DecodeMemory, StepResults):
         the in-flight chunk, then the waiting queue in policy order until a verdict other than CONTINUE
         or the request cap. Nothing is allocated yet."""
         record = AdmissionRecord(running_bs=len(self.running.reqs))
+        if self.prio.preemption:
+            self.running.batch_is_full = False  # SGLang: so that a pass may try preemption
         if self.chunked_req is None:
             if self.running.batch_is_full:
                 record.gate = "batch_is_full"
@@ -214,7 +219,7 @@ class Scheduler(RequestIntake, DecodeMemory, StepResults):
                 record.gate = "no_waiting"
                 return record
         record.allocatable = self._num_allocatable_reqs(record.running_bs)
-        if record.allocatable <= 0 and self.chunked_req is None:
+        if record.allocatable <= 0 and self.chunked_req is None and not self.prio.preemption:
             self.running.batch_is_full = True
             record.gate = "request_cap"
             return record
@@ -233,14 +238,21 @@ class Scheduler(RequestIntake, DecodeMemory, StepResults):
         if chunked is not None and profile.credit_held_rows:
             # 0.5.23 counts the request row the continuing chunk already holds (docs/sglang-rules.md A.2)
             cap = min(self.max_running_requests - record.running_bs, self.req_slots.available_size() + 1)
+        at_cap = False  # with preemption, once the cap is reached every later candidate must preempt
         for req in self.waiting:
             if profile.stop_admission_when_budget_spent and adder.budget_state() is AddResult.OTHER:
                 record.stop_cause = "budget_spent"  # 0.5.23: a resumed chunk spent the pass budget
                 break
-            if len(adder.can_run_list) >= cap:
+            if self.prio.preemption:  # preemption frees request slots: the cap is read again each time
+                allocatable = self._num_allocatable_reqs(len(self.running.reqs))
+                at_cap = at_cap or len(adder.can_run_list) >= allocatable
+            else:
+                at_cap = len(adder.can_run_list) >= cap
+            if at_cap:
                 self.running.batch_is_full = True
-                record.stop_cause = "request_cap"
-                break
+                if not (self.prio.preemption and self.preempt_for(req, adder, record.preempted)):
+                    record.stop_cause = "request_cap"
+                    break
             prepare_candidate(req, self.cache)
             record.looked_at.append(req)
             if explain:
@@ -259,6 +271,7 @@ class Scheduler(RequestIntake, DecodeMemory, StepResults):
         record = self.run_admission()
         adder = record.adder
         if adder is None or not adder.can_run_list:
+            self.requeue_preempted(record.preempted)
             return None
         admitted = adder.can_run_list
         # Admission walks the queue in order and stops at the first failure, so the requests it took
@@ -269,6 +282,7 @@ class Scheduler(RequestIntake, DecodeMemory, StepResults):
         )
         self._waiting_tokens -= sum([r.seqlen for r in self.waiting[:taken]])
         del self.waiting[:taken]
+        self.requeue_preempted(record.preempted)
         if adder.new_chunked_req is not None:
             self.chunked_req = adder.new_chunked_req
         self._stash_chunk = self.chunked_req is not None

@@ -57,6 +57,7 @@ class AdmissionRecord:
     stopped_at: Req | None = None  # the request whose call returned a non-CONTINUE verdict
     stop_cause: str = "end"  # end of queue, a verdict, or the request cap
     budgets: list[Budget] = field(default_factory=list)  # before each looked-at request (explain=True)
+    preempted: list[Req] = field(default_factory=list)  # running requests priority preemption took out
 
 
 @dataclass(slots=True)

@@ -96,7 +96,8 @@ def build_state(ns: argparse.Namespace, args: ServerArgs) -> Any:
         metrics = ServerMetrics(
             name, backend.pool_size, args.page_size, backend.context_len,
             weight_gb=backend.weight_bytes / 2**30, kv_cache_gb=backend.kv_cache_bytes / 2**30,
-            available_gb=backend.available_mem_gb,
+            available_gb=backend.available_mem_gb, priority_scheduling=args.enable_priority_scheduling,
+            default_priority=args.default_priority_value,
         )  # fmt: skip
     emit = logging.getLogger("kvadmit.server").info
     runner = EngineRunner(
