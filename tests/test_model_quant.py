@@ -138,3 +138,16 @@ def test_the_flag_names_what_it_takes() -> None:
         argparse.ArgumentTypeError, match="'awq' is not supported by kvadmit; choose int8, int4"
     ):
         quantization_name("awq")
+
+
+@pytest.mark.parametrize("name", list(QUANTIZATIONS))
+def test_many_rows_dequantize_and_agree_with_the_kernel(name: str) -> None:
+    """Above KERNEL_MAX_ROWS rows the weight is dequantized and multiplied by oneDNN: the same product."""
+    from kvadmit.model.quant import KERNEL_MAX_ROWS
+
+    lin = _linear(64, 128, True)
+    twin = quantized_twin(lin, QUANTIZATIONS[name], torch.float32)
+    x = torch.randn(KERNEL_MAX_ROWS + 1, 128)
+    by_kernel = torch.cat([twin(x[:KERNEL_MAX_ROWS]), twin(x[KERNEL_MAX_ROWS:])])
+    torch.testing.assert_close(twin(x), by_kernel, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(twin(x), x @ twin.dequantized().T + twin.bias, rtol=1e-5, atol=1e-5)

@@ -39,7 +39,7 @@ class OfflineEngine:
     ) -> None:
         """dtype: "auto" (bfloat16 where the CPU or GPU computes it natively, else float32 on a CPU and
         float16 on a GPU), "bfloat16", "float16" or "float32". device: "cuda" when present, else "cpu".
-        quantization: None, or int8 / int4 / mlx_q4 for weight-only quantized weights on the CPU."""
+        quantization: None, or int8 / int4 for weight-only quantized weights on the CPU."""
         from kvadmit.executor.torch_runner import TorchExecutor
         from kvadmit.model.runtime import load_model
 

@@ -137,10 +137,10 @@ def add_model_flags(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> Non
     )  # fmt: skip
     p.add_argument("--device", default="auto", help="cpu, cuda[:N], or auto (cuda when present)")
     p.add_argument(
-        "--quantization", default=None, type=quantization_name, metavar="{int8,int4,mlx_q4,unquant}",
-        help="weight-only quantized linear layers on the CPU, activations in bfloat16: int8 (a scale per "
-        "output channel), int4 (groups of 32, a GGUF's Q4_1 grid), mlx_q4 (SGLang's name: int4 in groups "
-        "of 64); unquant or none: the weights as they are (default)",
+        "--quantization", default=None, type=quantization_name, metavar="{int8,int4,unquant}",
+        help="weight-only quantized linear layers on the CPU (their inputs in bfloat16, the rest float32): "
+        "int8 (a scale per output channel), int4 (groups of 32: a GGUF's Q4_1 grid); unquant or none: "
+        "the weights as they are (default)",
     )  # fmt: skip
 
 
