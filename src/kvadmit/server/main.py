@@ -83,7 +83,7 @@ def build_state(ns: argparse.Namespace, args: ServerArgs) -> Any:
         try:
             backend = model_backend(
                 ns.model_path, ns.tokenizer_path, ns.dtype, None if ns.device == "auto" else ns.device,
-                args.max_total_tokens, ns.mem_fraction_static, args.context_length,
+                args.max_total_tokens, ns.mem_fraction_static, args.context_length, ns.quantization,
             )  # fmt: skip
         except (ModelLoadError, DefaultModelError, OSError, ValueError) as e:
             raise UsageError(f"cannot load the model: {e}") from None
@@ -112,6 +112,7 @@ def build_state(ns: argparse.Namespace, args: ServerArgs) -> Any:
         model_path=name if ns.simulate else backend.model_path,
         tokenizer_path=backend.tokenizer_path, host=ns.host, port=ns.port,
         dtype=backend.dtype, device=backend.device, served_model_name=name, enable_metrics=ns.enable_metrics,
+        quantization=None if ns.simulate else ns.quantization,
         simulate=ns.simulate, max_total_tokens=backend.pool_size, context_length=backend.context_len,
         max_running_requests=runner.scheduler.max_running_requests,
         chunked_prefill_size=runner.scheduler.chunked_prefill_size,
