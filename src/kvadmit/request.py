@@ -96,6 +96,10 @@ class Req:
     # priority preemption reads before the candidate is prepared again (scheduler/priority.py)
     examined_fill_len: int = 0
 
+    def __repr__(self) -> str:
+        # Short: a request's prompt and KV can be long, and tracebacks or list.index misses format it.
+        return f"Req(rid={self.rid!r}, prompt={len(self.origin_input_ids)}, outputs={len(self.output_ids)})"
+
     def __post_init__(self) -> None:
         asked = self.sampling.requested_max_new_tokens
         self.max_new_tokens = MAX_NEW_TOKENS_UNSET if asked is None else asked

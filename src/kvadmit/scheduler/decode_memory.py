@@ -55,6 +55,7 @@ class DecodeMemory:
     last_retract_result: RetractResult | None
     _enqueue: Callable[..., bool]  # RequestIntake's: a retracted request waits again
     in_flight: ScheduledBatch | None
+    _left_in_pass: list[Req]
     _dropped_finishing: list[Req]
 
     def check_decode_or_retract(
@@ -102,6 +103,7 @@ class DecodeMemory:
             last.finished_reason = FinishReason(FinishKind.ABORT, LAST_REQUEST_ABORT_MESSAGE, 500)
             self.events.append(LastRequestAborted(last.rid))
             self.events.append(RequestAborted(last.rid, LAST_REQUEST_ABORT_MESSAGE, 500))
+        self._left_in_pass += result.retracted if last is None else [*result.retracted, last]
         running.replace(result.kept)
         new_ratio = ratio_after_retract(
             [len(r.output_ids) for r in result.kept],

@@ -32,6 +32,9 @@ class StepResults:
     _finished_positions: list[int]  # running-batch positions of requests that ended this step
     _dropped_finishing: list[Req]
     _finish_count: int
+    _finish_log: list[Req]  # requests ended since finish count _finish_log_base (see next_batch)
+    _finish_log_base: int
+    _left_in_pass: list[Req]  # retracted or aborted by the last pass
     _stash_chunk: bool
     last_batch: ScheduledBatch | None
     in_flight: ScheduledBatch | None
@@ -134,24 +137,34 @@ class StepResults:
         """A decode result under the overlap loop after the running batch changed: some of the batch's
         requests were retracted, ended or dropped (finishing by length) since it was scheduled. Those
         retracted or ended get nothing; the running batch is a subset of the batch, and each of its
-        members got a token except the ones that had ended (they wait to be dropped, reservation kept)."""
+        members got a token except the ones that had ended (they wait to be dropped, reservation kept).
+        The few that left are found from the finish log and the last pass's retractions, so the step
+        stays at C speed like the regular one."""
         reqs = batch.reqs
         running = self.running
         same = running.reqs == reqs
-        live: list[int] = []
-        for i, req in enumerate(reqs):
-            if not _left_in_flight(req):
-                req.output_ids.append(tokens[i])
-                live.append(i)
-        running.after_decode_step(not_stepped=[r for r in running.reqs if r.finished_reason is not None])
-        dropped = set(map(id, self._dropped_finishing))
+        ended = self._finished_since(batch.finish_stamp)
+        assert batch.outs is not None
+        deque(map(list.append, batch.outs, tokens), maxlen=0)
+        skip: set[int] = set()
+        for req in [*ended, *self._left_in_pass]:
+            i = _position(reqs, req)
+            if i is not None and i not in skip:
+                req.output_ids.pop()  # it left while the step was in flight: its token is dropped
+                skip.add(i)
+        running.after_decode_step(
+            not_stepped=[r for r in ended if _position(reqs, r) is not None] if same else []
+        )
         if self.stop_checker is not None:
-            maybe = live
+            maybe = set(range(len(reqs)))
         else:
-            due = set(map(id, (running.reqs[j] for j in running.reached_length()))) | dropped
-            stops = set(self._stop_positions(tokens))
-            maybe = [i for i in live if i in stops or id(reqs[i]) in due or reqs[i].rid in self._abort_rids]
-        for i in maybe:
+            due = [running.reqs[j] for j in running.reached_length()]
+            maybe = {i for r in [*due, *self._dropped_finishing] if (i := _position(reqs, r)) is not None}
+            maybe.update(self._stop_positions(tokens))
+            if self._abort_rids:
+                maybe.update(i for i, r in enumerate(reqs) if r.rid in self._abort_rids)
+        dropped = set(map(id, self._dropped_finishing))
+        for i in sorted(maybe - skip):
             req = reqs[i]
             reason = self._check_finished(req, tokens[i])
             if reason is not None:
@@ -159,6 +172,10 @@ class StepResults:
                 if id(req) not in dropped:
                     self._finished_positions.append(i if same else running.reqs.index(req))
         self._after_decode(batch)
+
+    def _finished_since(self, stamp: int) -> list[Req]:
+        """The requests that ended since the scheduler's finish count was `stamp`."""
+        return self._finish_log[stamp - self._finish_log_base :]
 
     def _after_decode(self, batch: ScheduledBatch) -> None:
         self.forward_ct_decode = (self.forward_ct_decode + 1) % (1 << 30)
@@ -215,6 +232,7 @@ class StepResults:
     def _finish(self, req: Req, reason: FinishReason, outcome: StepOutcome | None) -> None:
         req.finished_reason = reason
         self._finish_count += 1
+        self._finish_log.append(req)
         self._abort_rids.discard(req.rid)
         if reason.kind is FinishKind.ABORT:
             self.cache.release_req(req)
@@ -224,6 +242,14 @@ class StepResults:
         self.req_slots.free()
         if outcome is not None:
             outcome.finished.append(req)
+
+
+def _position(reqs: list[Req], req: Req) -> int | None:
+    """Where `req` is in `reqs` (by identity, at C speed), or None."""
+    try:
+        return reqs.index(req)
+    except ValueError:
+        return None
 
 
 def _left_in_flight(req: Req) -> bool:

@@ -114,6 +114,9 @@ class Scheduler(RequestIntake, DecodeMemory, StepResults, PriorityPreemption):
         self.in_flight: ScheduledBatch | None = None
         self._stash_chunk = False  # the chunked request computed a chunk since it was last checkpointed
         self._finish_count = 0  # requests ended by a result (a stamp: did any end while a batch was out)
+        self._finish_log: list[Req] = []  # the requests ended since count _finish_log_base, in order
+        self._finish_log_base = 0
+        self._left_in_pass: list[Req] = []  # retracted or aborted by the latest pass
         self.forward_ct = 0  # batches launched (prefill and decode)
         self.forward_ct_decode = 0  # decode batches processed (mod 2^30), for the decode log interval
         self._generated_since_log = 0
@@ -157,6 +160,11 @@ class Scheduler(RequestIntake, DecodeMemory, StepResults, PriorityPreemption):
             self._reject(head, UNSCHEDULABLE_MESSAGE, 400)
             self.running.batch_is_full = False
             batch = self._one_pass()
+        # Keep the finish log back to the oldest batch whose result is still to come.
+        oldest = self.in_flight.finish_stamp if self.in_flight is not None else self._finish_count
+        if oldest > self._finish_log_base:
+            del self._finish_log[: oldest - self._finish_log_base]
+            self._finish_log_base = oldest
         if batch is not None:
             batch.finish_stamp = self._finish_count
         self.in_flight = batch
@@ -164,6 +172,7 @@ class Scheduler(RequestIntake, DecodeMemory, StepResults, PriorityPreemption):
 
     def _one_pass(self) -> ScheduledBatch | None:
         self._dropped_finishing = []
+        self._left_in_pass = []
         self._stash_chunked_req()
         self._merge_last_prefill()
         if self.profile.filter_finished_every_pass:
@@ -379,7 +388,11 @@ class Scheduler(RequestIntake, DecodeMemory, StepResults, PriorityPreemption):
                 self._alloc_kv(req, 1)
         running.kv_tokens += len(running.reqs)  # one slot each
         return ScheduledBatch(
-            kind="decode", reqs=list(running.reqs), kv_tokens=running.kv_tokens, kvs=list(running.kvs)
+            kind="decode",
+            reqs=list(running.reqs),
+            kv_tokens=running.kv_tokens,
+            kvs=list(running.kvs),
+            outs=list(running.outs),
         )
 
     def is_fully_idle(self) -> bool:

@@ -41,6 +41,7 @@ class ScheduledBatch:
     # in a decode: each request's KV slots as scheduled (a request that ends before the batch runs, under
     # the overlap loop, hands its own list to the cache; the batch still computes its last slot)
     kvs: list[array[int]] | None = None
+    outs: list[list[int]] | None = None  # in a decode: each request's output list, as scheduled
     finish_stamp: int = 0  # the scheduler's count of ended requests when it handed the batch out
 
 
