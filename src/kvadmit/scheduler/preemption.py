@@ -36,7 +36,7 @@ class PriorityPreemption:
         """SGLang's PrefillAdder.preempt_to_schedule: True if running requests were preempted so that
         `candidate` may be tried (it is prepared and tried after this, and may still not fit). The
         preempted requests are appended to `preempted`, to be re-queued after the pass."""
-        if not self.prio.may_preempt(candidate, self.running.reqs):
+        if not self.prio.may_preempt(candidate, self.running.reqs, self.running.priority_counts):
             return False
         short = tokens_to_free(candidate, adder.rem_total_tokens, adder.clip)
         chosen = self.prio.choose_preempted(candidate, self.running.reqs, short, adder.running_offset)

@@ -13,6 +13,7 @@ counter that stands for SGLang's wait-queue entry time live on one `PrioritySche
 
 from __future__ import annotations
 
+import bisect
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -45,6 +46,7 @@ class PriorityScheduling:
     preemption_threshold: int = 10
     retract_by_priority: bool = False
     _entries: int = 0  # queue entries so far: the next request's queue_entry
+    _sorted_below: int = 0  # the queue was in fcfs order at the last sort, with every entry below this
 
     @classmethod
     def from_args(cls, args: ServerArgs) -> PriorityScheduling:
@@ -91,9 +93,29 @@ class PriorityScheduling:
 
     # ----- the waiting queue ------------------------------------------------------------------
     def sort_fcfs(self, waiting: list[Req]) -> None:
-        """Most urgent first, then the earliest queue entry."""
-        sign = self.sign  # (self.key written out: this runs on every pass over the whole queue)
-        waiting.sort(key=lambda r: (r.priority * sign, r.queue_entry))
+        """Most urgent first, then the earliest queue entry. Every pass asks for it, over the whole queue;
+        the keys are unique and fixed while a request waits, and the queue only loses requests between
+        passes or gains new entries at its end. So the requests that entered since the last sort (a
+        suffix) are put in place one by one, which gives exactly the full sort's order."""
+        sign = self.sign  # (self.key written out)
+
+        def key(r: Req) -> tuple[int, int]:
+            return (r.priority * sign, r.queue_entry)  # type: ignore[operator]
+
+        mark = self._sorted_below
+        self._sorted_below = self._entries
+        if waiting and waiting[0].queue_entry >= mark and len(waiting) > 1:
+            waiting.sort(key=key)  # a new entry at the front (a policy that re-queues there): sort all
+            return
+        new = 0
+        while new < len(waiting) and waiting[-1 - new].queue_entry >= mark:
+            new += 1
+        if new == 0:
+            return
+        arrived = sorted(waiting[-new:], key=key)
+        del waiting[-new:]
+        for req in arrived:
+            bisect.insort(waiting, req, key=key)
 
     def sort_lof(self, waiting: list[Req]) -> None:
         """Most urgent first, then the longest max_new_tokens (a stable sort: ties keep queue order)."""
@@ -115,10 +137,17 @@ class PriorityScheduling:
         assert candidate.priority is not None and running.priority is not None
         return (candidate.priority - running.priority) * -self.sign > self.preemption_threshold
 
-    def may_preempt(self, candidate: Req, running: list[Req]) -> bool:
+    def may_preempt(self, candidate: Req, running: list[Req], counts: dict[int, int] | None = None) -> bool:
         """Whether choose_preempted can pick anyone: the least urgent running request (the first it
         tries) must qualify. One pass over the batch, without SGLang's exact budget sum and sort, which
-        at a full batch would otherwise run on every scheduling pass."""
+        at a full batch would otherwise run on every scheduling pass. `counts`: the running batch's members
+        per priority, for a first check without the pass."""
+        if counts:
+            # Every member, ended ones included, is at most as urgent as the least urgent live one: if the
+            # candidate does not beat that, it beats no live request (the common case at a full batch).
+            least_any = max(counts) if self.low_values_first else min(counts)
+            if not (candidate.priority - least_any) * -self.sign > self.preemption_threshold:  # type: ignore[operator]
+                return False
         values = [r.priority for r in running if r.finished_reason is None]
         if not values:
             return False
