@@ -143,3 +143,10 @@ class DecodeMemory:
             in_batch = set(map(id, self.in_flight.reqs))
             self._dropped_finishing = [r for r in due if id(r) in in_batch]
         return self._dropped_finishing
+
+    def drop_finishing_in_flight(self) -> list[Req]:
+        """Take the requests the batch in flight finishes by length out of the running batch."""
+        finishing = self._finishing_in_flight()
+        if finishing:
+            self.running.drop_at(sorted(map(self.running.reqs.index, finishing)))
+        return finishing

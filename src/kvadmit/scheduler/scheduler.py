@@ -359,9 +359,7 @@ class Scheduler(RequestIntake, DecodeMemory, StepResults, PriorityPreemption):
         if self._finished_positions:
             running.drop_at(sorted(set(self._finished_positions)))
             self._finished_positions = []
-        finishing = self._finishing_in_flight()
-        if finishing:
-            running.drop_at(sorted(map(running.reqs.index, finishing)))
+        finishing = self.drop_finishing_in_flight()
         if not running.reqs:
             running.batch_is_full = False
             return None
