@@ -173,6 +173,22 @@ def _explain_preemption(sched: Scheduler, record: AdmissionRecord) -> list[str]:
     ]
 
 
+def _no_retraction(
+    called: bool, kept: list[str], explanation: list[str], message: str | None = None
+) -> dict[str, Any]:
+    """A decode answer in which nobody is retracted (a crash of an old release, or a skipped decode)."""
+    return {
+        "retract_called": called,
+        "retracted": [],
+        "aborted": None,
+        "abort_message": message,
+        "new_ratio": None,
+        "kept": kept,
+        "new_tokens_gained": 0,
+        "explanation": explanation,
+    }
+
+
 def answer_decode(snap: Snapshot) -> dict[str, Any]:
     sched = build_scheduler(snap)
     before = list(sched.running.reqs)
@@ -183,16 +199,7 @@ def answer_decode(snap: Snapshot) -> dict[str, Any]:
     try:
         event = sched.check_decode_or_retract(finishing_in_flight=bool(finishing))
     except EngineCrash as crash:
-        return {
-            "retract_called": True,
-            "retracted": [],
-            "aborted": None,
-            "abort_message": str(crash),
-            "new_ratio": None,
-            "kept": [],
-            "new_tokens_gained": 0,
-            "explanation": [f"SGLang {sched.profile.name} crashes here: {crash}"],
-        }
+        return _no_retraction(True, [], [f"SGLang {sched.profile.name} crashes here: {crash}"], str(crash))
     explanation = [
         f"the next decode step needs {_n(needed)} slots; {_n(free)} are free and {_n(evictable)} evictable"
     ]
@@ -206,17 +213,8 @@ def answer_decode(snap: Snapshot) -> dict[str, Any]:
             "the rest still do not fit, but the step in flight will free the finishing requests' KV: decode "
             "is skipped this pass (no retraction, no decay; SGLang's overlap loop)"
         )
-        return {
-            "retract_called": False,
-            "retracted": [],
-            "aborted": None,
-            "abort_message": None,
-            "new_ratio": None,
-            "kept": [r.rid for r in sched.running.reqs],
-            "new_tokens_gained": 0,
-            "skipped": True,
-            "explanation": explanation + _explain_in_flight(sched, snap, eos_only=True),
-        }
+        explanation += _explain_in_flight(sched, snap, eos_only=True)
+        return {**_no_retraction(False, [r.rid for r in sched.running.reqs], explanation), "skipped": True}
     explanation += _explain_in_flight(sched, snap, eos_only=True)
     assert not isinstance(event, type(DECODE_SKIPPED))
     result = sched.last_retract_result if event is not None else None

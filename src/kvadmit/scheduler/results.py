@@ -9,8 +9,10 @@ from collections.abc import Callable
 from kvadmit.memory.pool import ReqSlotPool, TokenPool
 from kvadmit.memory.radix import RadixCache
 from kvadmit.request import FinishKind, FinishReason, Req
+from kvadmit.scheduler.admission import AdmissionPass
 from kvadmit.scheduler.batch import RunningBatch
-from kvadmit.scheduler.events import DecodeBatchStats, Event, RequestAborted
+from kvadmit.scheduler.events import DecodeBatchStats, Event, PrefillBatchStats, RequestAborted
+from kvadmit.scheduler.ratio import NewTokenRatio
 from kvadmit.scheduler.types import ScheduledBatch, StepOutcome
 
 CLIENT_ABORT_MESSAGE = "Aborted by the client."
@@ -44,6 +46,30 @@ class StepResults:
 
     pool: TokenPool
     max_total_num_tokens: int
+    ratio: NewTokenRatio
+
+    def _prefill_stats(self, adder: AdmissionPass, running_bs: int) -> PrefillBatchStats:
+        pending = self._waiting_tokens
+        if self.chunked_req is not None:
+            pending += self.chunked_req.seqlen - self.chunked_req.fill_len
+        hit = sum(
+            r.prefix_len for r in adder.can_run_list if not r.is_retracted and r is not self.chunked_req
+        )
+        used = self.num_used_tokens()
+        return PrefillBatchStats(
+            new_seq=len(adder.can_run_list),
+            new_token=adder.log_input_tokens,
+            cached_token=adder.log_hit_tokens,
+            num_used_tokens=used,
+            token_usage=used / self.max_total_num_tokens,
+            running_req=running_bs,
+            queue_req=len(self.waiting),
+            pending_token=pending,
+            new_token_ratio=self.ratio.current,
+            hit_tokens_for_rate=hit,
+            input_tokens_for_rate=adder.log_input_tokens,
+            reprocessed_input_tokens=adder.reprocessed_log_input_tokens,
+        )
 
     def num_used_tokens(self) -> int:
         """SGLang's `#token`: pool − (available + evictable); evictable cache does not count as used."""

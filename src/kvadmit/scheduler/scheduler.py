@@ -35,7 +35,7 @@ from kvadmit.request import Req
 from kvadmit.scheduler.admission import AddResult, AdmissionPass, prepare_candidate
 from kvadmit.scheduler.batch import RunningBatch
 from kvadmit.scheduler.decode_memory import DECODE_SKIPPED, DecodeMemory
-from kvadmit.scheduler.events import Event, PrefillBatchStats
+from kvadmit.scheduler.events import Event
 from kvadmit.scheduler.intake import RequestIntake
 from kvadmit.scheduler.invariants import check_invariants
 from kvadmit.scheduler.ordering import QueueOrder
@@ -321,29 +321,6 @@ class Scheduler(RequestIntake, DecodeMemory, StepResults, PriorityPreemption):
             rem_chunk_tokens=self.chunked_prefill_size,
             prefill_max_requests=self.args.prefill_max_requests,
             ignore_eos_occupancy_check=self.policy.ignore_eos_occupancy_check,
-        )
-
-    def _prefill_stats(self, adder: AdmissionPass, running_bs: int) -> PrefillBatchStats:
-        pending = self._waiting_tokens
-        if self.chunked_req is not None:
-            pending += self.chunked_req.seqlen - self.chunked_req.fill_len
-        hit = sum(
-            r.prefix_len for r in adder.can_run_list if not r.is_retracted and r is not self.chunked_req
-        )
-        used = self.num_used_tokens()
-        return PrefillBatchStats(
-            new_seq=len(adder.can_run_list),
-            new_token=adder.log_input_tokens,
-            cached_token=adder.log_hit_tokens,
-            num_used_tokens=used,
-            token_usage=used / self.max_total_num_tokens,
-            running_req=running_bs,
-            queue_req=len(self.waiting),
-            pending_token=pending,
-            new_token_ratio=self.ratio.current,
-            hit_tokens_for_rate=hit,
-            input_tokens_for_rate=adder.log_input_tokens,
-            reprocessed_input_tokens=adder.reprocessed_log_input_tokens,
         )
 
     def _alloc_kv(self, req: Req, n: int) -> None:
