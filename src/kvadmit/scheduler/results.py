@@ -98,20 +98,23 @@ class StepResults:
         self, batch: ScheduledBatch, tokens: list[int], outcome: StepOutcome, merged: bool
     ) -> None:
         running = self.running
-        dropped = self._dropped_finishing if merged else []
+        # Under the overlap loop the next pass may already have merged this batch's requests into the running
+        # batch (or, with mixed chunks, moved them on into the next batch): only members move its sums.
+        members = set(map(id, running.reqs)) if merged else set()
+        decoding = set(map(id, batch.decoding or ()))  # mixed chunk: decode rows are not checkpointed
         for req, token in zip(batch.reqs, tokens, strict=True):
             if req is batch.chunked or _left_in_flight(req):
                 continue  # a non-final chunk (its token is discarded), or retracted or ended meanwhile
-            if merged and not any(r is req for r in dropped):
-                running.append_output(req, token)  # it already sits in the running batch
+            if id(req) in members:
+                running.append_output(req, token)
             else:
                 req.output_ids.append(token)
             reason = self._check_finished(req, token)
             if reason is not None:
                 self._finish(req, reason, outcome)
-                if merged and not any(r is req for r in dropped):
+                if id(req) in members:
                     self._finished_positions.append(running.reqs.index(req))
-            else:
+            elif id(req) not in decoding:
                 self.cache.cache_unfinished_req(req, req.fill_len)
         assert batch.stats is not None
         used = self.num_used_tokens()  # the queue and the pool at log time
@@ -195,8 +198,9 @@ class StepResults:
             reason = self._check_finished(req, tokens[i])
             if reason is not None:
                 self._finish(req, reason, outcome)
-                if id(req) not in dropped:
-                    self._finished_positions.append(i if same else running.reqs.index(req))
+                at = i if same else _position(running.reqs, req)
+                if id(req) not in dropped and at is not None:  # (a mixed chunk may have taken it on)
+                    self._finished_positions.append(at)
         self._after_decode(batch)
 
     def _finished_since(self, stamp: int) -> list[Req]:
