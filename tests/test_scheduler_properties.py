@@ -55,11 +55,13 @@ def output_token(spec: Spec, k: int) -> int:
 
 def expected_end(spec: Spec, cap: int) -> tuple[FinishKind, int]:
     """How a request that is not aborted ends, from the rules: a prefill always yields one token (so a cap
-    of 0 still gives one), the length limit is checked before stop tokens, ignore_eos ignores EOS, and
-    so does a request with fewer than min_new_tokens outputs (min_new_tokens is capped like max_new)."""
+    of 0 still gives one), stop tokens are checked before the length limit (SGLang 0.5.22's
+    update_finish_state: an EOS on the last allowed token ends the request as "stop"), ignore_eos ignores
+    EOS, and so does a request with fewer than min_new_tokens outputs (min_new_tokens is capped like
+    max_new)."""
     limit = max(cap, 1)
     min_new = min(spec.min_new_tokens, cap)
-    if not spec.ignore_eos and spec.eos_at is not None and min_new <= spec.eos_at < limit:
+    if not spec.ignore_eos and spec.eos_at is not None and min_new <= spec.eos_at <= limit:
         return FinishKind.STOP, spec.eos_at
     return FinishKind.LENGTH, limit
 
@@ -118,9 +120,11 @@ class Run:
     retractions: list[Retraction] = field(default_factory=list)
     client_aborted: set[str] = field(default_factory=set)  # abort_request returned True
     aborted_in_queue: set[str] = field(default_factory=set)  # ... while it was waiting
+    aborted_while_chunked: set[str] = field(default_factory=set)  # ... while its prompt was in chunks
     transcript: Transcript = field(default_factory=Transcript)
     call: int = 0
     steps: int = 0
+    lagging: ScheduledBatch | None = None  # overlap loop: the batch whose result was still to come
 
     def live(self) -> list[Req]:
         return [r for rid, r in self.reqs.items() if rid not in self.ended_at]
@@ -215,6 +219,8 @@ class Run:
         continuing = self.sched.chunked_req
         retracted_before = len(self.retractions)
         batch = self.sched.next_batch()
+        if continuing is not None and continuing.abort_requested and continuing.finished_reason is not None:
+            self.aborted_while_chunked.add(continuing.rid)  # this pass ended it, before another chunk
         if batch is not None:
             self.transcript.batches.append((self.call, batch.kind, tuple(r.rid for r in batch.reqs)))
         self._take_events()
@@ -273,9 +279,12 @@ class Run:
             assert not req.finished and req.rid not in self.ended_at, f"{req.rid} scheduled after its end"
         if batch.kind == "decode":
             # A decode step never runs without a slot for every request: its KV covers the prompt and all
-            # outputs so far (this step computes the last output into kv[-1] and samples the next).
+            # outputs so far (this step computes the last output into kv[-1] and samples the next). Under
+            # the overlap loop the requests of the batch in flight have one output still to come.
+            lag = set() if self.lagging is None else {id(r) for r in self.lagging.reqs}
             for req in batch.reqs:
-                assert len(req.kv) == req.seqlen, (req.rid, len(req.kv), req.seqlen)
+                expected = req.seqlen + (id(req) in lag and req is not self.lagging.chunked)  # type: ignore[union-attr]
+                assert len(req.kv) == expected, (req.rid, len(req.kv), req.seqlen)
         else:
             if sched.args.prefill_max_requests is not None:
                 assert len(batch.reqs) <= max(sched.args.prefill_max_requests, 1)
@@ -303,19 +312,40 @@ class Run:
                     )
 
 
-def drive(args: ServerArgs, specs: list[Spec], max_steps: int = 20_000) -> Run:
+def drive(args: ServerArgs, specs: list[Spec], max_steps: int = 20_000, overlap: bool = False) -> Run:
     """Run a workload to its end: before each step the arrivals and client aborts due, then one batch.
-    next_batch() returning None while requests are live and none is still to arrive is a stall."""
+    next_batch() returning None while requests are live and none is still to arrive is a stall.
+    `overlap`: SGLang's overlap loop: each pass runs while the last batch's result is still to come,
+    and that result is processed right after it."""
     run = Run(Scheduler(args, eos_token_ids=frozenset({EOS})), {s.rid: s for s in specs})
     pending = sorted(specs, key=lambda s: s.arrive_at)  # stable: equal times keep workload order
     step = 0
+    in_flight: ScheduledBatch | None = None
     while True:
         while pending and pending[0].arrive_at <= step:
             run.arrive(pending.pop(0))
         for spec in specs:
             if spec.abort_at == step:
                 run.client_abort(spec.rid)
+        run.lagging = in_flight
         batch = run.schedule()
+        if overlap:
+            if in_flight is not None:
+                run.execute(in_flight)
+            in_flight = batch
+            if batch is None:
+                if run.lagging is not None:
+                    continue  # the pass after a result: nothing new was in flight
+                if not pending:
+                    if run.live():
+                        raise DriverFailure(f"stall at step {step} under the overlap loop")
+                    break
+                step = max(step + 1, pending[0].arrive_at)
+                continue
+            step += 1
+            if run.steps > max_steps:
+                raise DriverFailure(f"{len(run.live())} requests still live after {max_steps} steps")
+            continue
         if batch is None:
             if not pending:
                 if run.live():
@@ -364,9 +394,11 @@ def check_every_request_ended_once(run: Run) -> None:
             assert (reason.kind, len(req.output_ids)) == expected_end(spec, cap), (rid, reason)
         elif reason.message == CLIENT_ABORT_MESSAGE:
             assert rid in run.client_aborted, rid
-            # Aborted in the queue: an event only. Aborted while live: it ends at its next result, in
-            # that step's finished list and as an event.
-            assert channels == ((0, 1) if rid in run.aborted_in_queue else (1, 1)), (rid, channels)
+            # Aborted in the queue: an event only. Aborted while its prompt was still being chunked: it
+            # ends at the start of the next pass, which runs no further chunk of it, as an event only.
+            # Aborted while live: it ends at its next result, in that step's finished list and as an event.
+            event_only = rid in run.aborted_in_queue or rid in run.aborted_while_chunked
+            assert channels == ((0, 1) if event_only else (1, 1)), (rid, channels)
         elif reason.message == LAST_REQUEST_ABORT_MESSAGE:
             assert channels == (0, 1) and reason.status_code == 500, (rid, channels, reason)
             assert run.last_request_aborts.count(rid) == 1, rid
@@ -517,6 +549,18 @@ def test_small_pools_under_pressure_retract_and_abort_without_breaking_the_invar
 ) -> None:
     args, specs = scenario
     run = drive(args, specs)
+    _label(run)
+    check_every_request_ended_once(run)
+    check_idle_and_no_leak(run)
+
+
+@settings(deadline=None, max_examples=120, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios(pressure=True))
+def test_the_overlap_loop_keeps_the_invariants_and_ends_every_request_exactly_once(
+    scenario: tuple[ServerArgs, list[Spec]],
+) -> None:
+    args, specs = scenario
+    run = drive(args, specs, overlap=True)
     _label(run)
     check_every_request_ended_once(run)
     check_idle_and_no_leak(run)

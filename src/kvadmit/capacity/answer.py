@@ -9,6 +9,7 @@ from typing import Any
 from kvadmit.capacity.snapshot import Snapshot, build_scheduler
 from kvadmit.request import Req
 from kvadmit.scheduler.admission import AddResult, Budget
+from kvadmit.scheduler.events import Preemption
 from kvadmit.scheduler.retraction import decode_tokens_needed
 from kvadmit.scheduler.scheduler import AdmissionRecord, EngineCrash, Scheduler
 
@@ -37,6 +38,7 @@ def answer_admission(snap: Snapshot) -> dict[str, Any]:
         "prefix_lens": {r.rid: r.prefix_len for r in record.looked_at},
         "verdict": verdict.value,
         "stopped_at": record.stopped_at.rid if record.stopped_at is not None else None,
+        "preempted": [r.rid for r in record.preempted],
         "rem_total_tokens": final.rem_total_tokens,
         "cur_rem_tokens": final.cur_rem_tokens,
         "rem_input_tokens": final.rem_input_tokens,
@@ -67,7 +69,7 @@ def _held_back(sched: Scheduler, budget: Budget) -> str:
 
 
 def _explain_admission(sched: Scheduler, record: AdmissionRecord, final: Budget) -> list[str]:
-    sentences: list[str] = []
+    sentences: list[str] = _explain_preemption(sched, record)
     if record.gate == "request_cap":
         cap = sched.max_running_requests
         return [
@@ -133,6 +135,24 @@ def _explain_admission(sched: Scheduler, record: AdmissionRecord, final: Budget)
     return sentences
 
 
+def _explain_preemption(sched: Scheduler, record: AdmissionRecord) -> list[str]:
+    """A sentence per running request that priority preemption took out of the batch, naming who for."""
+    if not record.preempted:
+        return []
+    by = {}
+    for event in sched.events:
+        if isinstance(event, Preemption):
+            by.update(dict.fromkeys(event.rids, event.by_rid))
+    prio = {r.rid: r.priority for r in [*record.looked_at, *record.preempted]}
+    threshold = sched.prio.preemption_threshold
+    return [
+        f"{r.rid}: preempted for {by[r.rid]} (priority {prio[by[r.rid]]} against {r.priority}: more urgent "
+        f"by more than --priority-scheduling-preemption-threshold {threshold}, with the request cap "
+        f"reached): its {_n(r.seqlen)} tokens of KV are freed and it waits again, to be recomputed"
+        for r in record.preempted
+    ]
+
+
 def answer_decode(snap: Snapshot) -> dict[str, Any]:
     sched = build_scheduler(snap)
     before = list(sched.running.reqs)
@@ -162,10 +182,18 @@ def answer_decode(snap: Snapshot) -> dict[str, Any]:
     else:
         assert result is not None
         kept = result.kept
+        by_priority = sched.prio.retract_by_priority
+        rule = "(fewest outputs go first, then the longest prompt)"
+        if by_priority:
+            rule = (
+                "(--retraction-policy priority: the least urgent go first, then fewest outputs, then the "
+                "longest prompt)"
+            )
         for r in result.retracted:
+            prio = f"priority {r.priority}, " if by_priority else ""
             explanation.append(
-                f"retracted {r.rid}: {len(r.output_ids)} outputs, prompt {len(r.origin_input_ids)} "
-                "(fewest outputs go first, then the longest prompt)"
+                f"retracted {r.rid}: {prio}{len(r.output_ids)} outputs, prompt {len(r.origin_input_ids)} "
+                + rule
             )
         if last is not None:
             explanation.append(f"{last.rid} alone still does not fit: aborted")

@@ -23,6 +23,7 @@ class RunningSpec:
     output_len: int
     max_new_tokens: int
     ignore_eos: bool
+    priority: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +34,7 @@ class WaitingSpec:
     max_new_tokens: int
     ignore_eos: bool
     output_len: int
+    priority: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +64,13 @@ def _bool(obj: dict[str, Any], key: str, where: str, default: bool = False) -> b
     value = obj.get(key, default)
     if not isinstance(value, bool):
         raise SnapshotError(f"{where}.{key} must be true or false, got {value!r}")
+    return value
+
+
+def _priority(obj: dict[str, Any], where: str) -> int | None:
+    value = obj.get("priority")
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+        raise SnapshotError(f"{where}.priority must be an integer or null, got {value!r}")
     return value
 
 
@@ -99,6 +108,10 @@ def _server_args(server: dict[str, Any]) -> ServerArgs:
     if not isinstance(version, str):
         raise SnapshotError(f'server.sglang_version must be a string like "0.5.22", got {version!r}')
     mrr = server.get("max_running_requests")
+    default_priority = _priority({"priority": server.get("default_priority_value")}, where)
+    policy = server.get("retraction_policy", "length")
+    if not isinstance(policy, str):
+        raise SnapshotError(f'server.retraction_policy must be "length" or "priority", got {policy!r}')
     try:
         return ServerArgs(
             max_total_tokens=_int(server, "max_total_tokens", where, minimum=1),
@@ -122,6 +135,14 @@ def _server_args(server: dict[str, Any]) -> ServerArgs:
                 else _int(server, "context_length", where, minimum=2)
             ),
             sglang_version=version,
+            enable_priority_scheduling=_bool(server, "enable_priority_scheduling", where),
+            schedule_low_priority_values_first=_bool(server, "schedule_low_priority_values_first", where),
+            default_priority_value=default_priority,
+            disable_priority_preemption=_bool(server, "disable_priority_preemption", where),
+            priority_scheduling_preemption_threshold=_int(
+                server, "priority_scheduling_preemption_threshold", where, default=10, minimum=-(1 << 63)
+            ),
+            retraction_policy=policy,
             knobs=SchedulerKnobs.from_environ({k: str(v) for k, v in env.items()}),
         )
     except ConfigError as e:
@@ -156,6 +177,7 @@ def parse_snapshot(data: Any) -> Snapshot:
             output_len=_int(item, "output_len", where, default=0),
             max_new_tokens=_int(item, "max_new_tokens", where, minimum=0),
             ignore_eos=_bool(item, "ignore_eos", where),
+            priority=_priority(item, where),
         )
         for where, item in _requests(data, "running")
     ]
@@ -168,6 +190,7 @@ def parse_snapshot(data: Any) -> Snapshot:
             max_new_tokens=_int(item, "max_new_tokens", where, minimum=0),
             ignore_eos=_bool(item, "ignore_eos", where),
             output_len=_int(item, "output_len", where, default=0),
+            priority=_priority(item, where),
         )
         if spec.cached_prefix_len > spec.prompt_len + spec.output_len:
             raise SnapshotError(
@@ -238,7 +261,9 @@ def build_scheduler(snap: Snapshot) -> Scheduler:
             sampling=SamplingLimits(requested_max_new_tokens=spec.max_new_tokens, ignore_eos=spec.ignore_eos),
             output_ids=_tokens(base + spec.prompt_len, spec.output_len),
             seq=i,
+            priority=spec.priority,
         )
+        sched.prio.resolve(req)
         req.is_retracted = spec.output_len > 0
         if cache.enabled and spec.cached_prefix_len:
             n = spec.cached_prefix_len
@@ -255,7 +280,10 @@ def build_scheduler(snap: Snapshot) -> Scheduler:
                 requested_max_new_tokens=rspec.max_new_tokens, ignore_eos=rspec.ignore_eos
             ),
             output_ids=_tokens(base + rspec.prompt_len, rspec.output_len),
+            priority=rspec.priority,
         )
+        sched.prio.resolve(req)
+        sched.prio.stamp(req)  # running requests tie by queue entry: a later one in the list is newer
         req.kv = pool.alloc_extend([], rspec.prompt_len + rspec.output_len)
         sched.req_slots.alloc()
         running.append(req)

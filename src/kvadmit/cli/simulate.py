@@ -70,6 +70,7 @@ def simulate_config(ns: argparse.Namespace) -> SimConfig:
         max_new_tokens=ns.max_new_tokens,
         stop=ns.stop_distribution,
         output_lens=lens,
+        priority_mix=ns.priority_mix,
     )
     try:
         workload.validate()
@@ -110,7 +111,9 @@ def simulate_config(ns: argparse.Namespace) -> SimConfig:
 def run(ns: argparse.Namespace) -> int:
     from contextlib import ExitStack
 
+    from kvadmit.bench.priority_classes import render_priority_classes
     from kvadmit.bench.summary import render_summary
+    from kvadmit.observe.startup import loop_line
     from kvadmit.sim.run import WarmupFailed, simulate
 
     cfg = simulate_config(ns)
@@ -124,6 +127,8 @@ def run(ns: argparse.Namespace) -> int:
         except OSError as e:
             raise UsageError(f"cannot write {e.filename!r}: {e.strerror}") from None
         emit = None if ns.quiet else (lambda line: log.write(line + "\n"))
+        if emit is not None:
+            emit(loop_line(cfg.args))
         try:
             if fleet is None:
                 result = simulate(cfg, emit_log=emit, request_trace=requests, step_trace=steps)
@@ -148,6 +153,9 @@ def run(ns: argparse.Namespace) -> int:
     )
     if table is not None:
         print(table)
+    by_priority = render_priority_classes(result.outcomes)
+    if by_priority is not None:
+        print(by_priority)
     return 0
 
 

@@ -13,7 +13,7 @@ class PrefillBatchStats:
     new_seq: int  # requests in the batch (a chunk continuation counts)
     new_token: int  # tokens computed (raw extend lengths, chunk pieces included)
     cached_token: int  # prefix tokens served from the cache (0 for chunk continuations)
-    num_used_tokens: int  # pool − (available + evictable), after the batch's allocation
+    num_used_tokens: int  # pool − (available + evictable), once the batch's results are processed
     token_usage: float  # num_used_tokens / pool size
     running_req: int  # running batch size when the batch was formed (excludes the new batch)
     queue_req: int  # waiting requests when the line is printed
@@ -23,15 +23,17 @@ class PrefillBatchStats:
     input_tokens_for_rate: int
     reprocessed_input_tokens: int = 0  # of input_tokens_for_rate, those of retracted requests (recomputed)
 
-    def with_queue(self, queue_req: int) -> PrefillBatchStats:
-        """The same stats with another queue length (dataclasses.replace, without its field-by-field
-        introspection: this runs once per prefill step)."""
+    def at_report(self, queue_req: int, num_used_tokens: int, token_usage: float) -> PrefillBatchStats:
+        """The same stats with the queue and the pool as they are when the line is printed: SGLang reads
+        both after the batch's results are processed, so requests that finished in the prefill no longer
+        count as used (dataclasses.replace, without its field-by-field introspection: this runs once per
+        prefill step)."""
         return PrefillBatchStats(
             self.new_seq,
             self.new_token,
             self.cached_token,
-            self.num_used_tokens,
-            self.token_usage,
+            num_used_tokens,
+            token_usage,
             self.running_req,
             queue_req,
             self.pending_token,
@@ -68,6 +70,15 @@ class Retraction:
 
 
 @dataclass(frozen=True, slots=True)
+class Preemption:
+    """Priority preemption: a more urgent waiting request (`by_rid`) took these running requests' place.
+    SGLang prints nothing and counts nothing for it; kvadmit's explanations and traces name it."""
+
+    rids: tuple[str, ...]
+    by_rid: str
+
+
+@dataclass(frozen=True, slots=True)
 class LastRequestAborted:
     """The last request of a decode batch still did not fit after all others were retracted."""
 
@@ -92,4 +103,12 @@ class StartupInfo:
     device: str = "cuda"
 
 
-Event = PrefillBatchStats | DecodeBatchStats | Retraction | LastRequestAborted | RequestAborted | StartupInfo
+Event = (
+    PrefillBatchStats
+    | DecodeBatchStats
+    | Retraction
+    | Preemption
+    | LastRequestAborted
+    | RequestAborted
+    | StartupInfo
+)

@@ -21,6 +21,7 @@ from kvadmit.config import ServerArgs
 from kvadmit.errors import UsageError
 
 if TYPE_CHECKING:
+    from kvadmit.executor.output_lengths import OutputLengths
     from kvadmit.server.traces import TraceFile
 
 log = logging.getLogger("kvadmit.server")
@@ -65,12 +66,16 @@ def build_state(ns: argparse.Namespace, args: ServerArgs) -> Any:
     if ns.simulate:
         from kvadmit.costmodel.costmodel import CostModelError
 
+        lengths = _output_lengths(getattr(ns, "simulate_output_len", None))
         try:
             backend = simulated_backend(
-                ns.simulate, ns.tokenizer_path, args.max_total_tokens, args.context_length
+                ns.simulate, ns.tokenizer_path, args.max_total_tokens, args.context_length, lengths
             )
         except CostModelError as e:
             raise UsageError(str(e)) from None
+        log.info(lengths.describe())
+    elif getattr(ns, "simulate_output_len", None) is not None:
+        raise UsageError("--simulate-output-len needs --simulate COST_MODEL (a model ends where it ends)")
     else:
         from kvadmit.model.default import DefaultModelError
         from kvadmit.model.loading import ModelLoadError
@@ -78,7 +83,7 @@ def build_state(ns: argparse.Namespace, args: ServerArgs) -> Any:
         try:
             backend = model_backend(
                 ns.model_path, ns.tokenizer_path, ns.dtype, None if ns.device == "auto" else ns.device,
-                args.max_total_tokens, ns.mem_fraction_static, args.context_length,
+                args.max_total_tokens, ns.mem_fraction_static, args.context_length, ns.quantization,
             )  # fmt: skip
         except (ModelLoadError, DefaultModelError, OSError, ValueError) as e:
             raise UsageError(f"cannot load the model: {e}") from None
@@ -91,7 +96,8 @@ def build_state(ns: argparse.Namespace, args: ServerArgs) -> Any:
         metrics = ServerMetrics(
             name, backend.pool_size, args.page_size, backend.context_len,
             weight_gb=backend.weight_bytes / 2**30, kv_cache_gb=backend.kv_cache_bytes / 2**30,
-            available_gb=backend.available_mem_gb,
+            available_gb=backend.available_mem_gb, priority_scheduling=args.enable_priority_scheduling,
+            default_priority=args.default_priority_value,
         )  # fmt: skip
     emit = logging.getLogger("kvadmit.server").info
     runner = EngineRunner(
@@ -106,6 +112,7 @@ def build_state(ns: argparse.Namespace, args: ServerArgs) -> Any:
         model_path=name if ns.simulate else backend.model_path,
         tokenizer_path=backend.tokenizer_path, host=ns.host, port=ns.port,
         dtype=backend.dtype, device=backend.device, served_model_name=name, enable_metrics=ns.enable_metrics,
+        quantization=None if ns.simulate else ns.quantization,
         simulate=ns.simulate, max_total_tokens=backend.pool_size, context_length=backend.context_len,
         max_running_requests=runner.scheduler.max_running_requests,
         chunked_prefill_size=runner.scheduler.chunked_prefill_size,
@@ -126,6 +133,15 @@ def build_state(ns: argparse.Namespace, args: ServerArgs) -> Any:
     )
     state.load.attach(runner.engine)
     return state
+
+
+def _output_lengths(spec: str | None) -> OutputLengths:
+    from kvadmit.executor.output_lengths import OutputLengthError, OutputLengths, parse_output_lengths
+
+    try:
+        return parse_output_lengths(spec) if spec is not None else OutputLengths("uniform")
+    except OutputLengthError as e:
+        raise UsageError(str(e)) from None
 
 
 def launch_command(argv: list[str]) -> str:

@@ -95,10 +95,15 @@ class SimClient:
         req = Req(
             rid=rid,
             origin_input_ids=spec.prompt(self.vocab_size, self._token_ids),
-            sampling=SamplingLimits(requested_max_new_tokens=spec.max_new_tokens, ignore_eos=spec.ignore_eos),
+            sampling=SamplingLimits(
+                requested_max_new_tokens=spec.max_new_tokens,
+                ignore_eos=spec.ignore_eos,
+                priority=spec.priority,
+            ),
         )
         if outcome is not None:
             outcome.start_time = sent
+            outcome.priority = spec.priority
         self.flights[rid] = _Flight(spec, outcome, sent)
         self.engine.submit(req)
 
