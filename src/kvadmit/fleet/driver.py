@@ -9,8 +9,9 @@ A discrete-event loop. Events, earliest first, and at equal times in this order:
     SEND      the client puts the next request on the wire (its arrival, or when a slot frees); the
               router routes it at once and it reaches the replica --request-latency-ms later
     STEP      a replica's next scheduling pass starts: it takes what has reached it by then and runs one
-              step (its END events are queued at the step's end), or, finding nothing, waits for the
-              next request that reaches it
+              step of its engine (in the overlap loop: schedules the next batch, then processes the one
+              in flight; END events are queued at the time results are processed), or, finding nothing,
+              waits for the next request that reaches it
 
 A step's decisions use only what reached its replica by the step's start, and the router sees a step's
 answers only at the step's end, so the replicas never see each other's future. With one replica the
