@@ -164,7 +164,9 @@ def agreements(folder: Path, tokenizer: object, sides: list[str]) -> dict[str, f
     out = {}
     for side in sides:
         dtype, quant = KVADMIT_SIDES[side]
-        model = load_hf_folder(folder, resolve_dtype(dtype, "cpu", quantized=quant is not None), quantization=quant)
+        model = load_hf_folder(
+            folder, resolve_dtype(dtype, "cpu", quantized=quant is not None), quantization=quant
+        )
         out[side] = agreement(reference, greedy_tokens(model, ids))
     out["tokens"] = len(ids)
     return out
@@ -204,7 +206,9 @@ def report(ns: argparse.Namespace, results: dict[str, list[dict[str, float]]], a
     ]
     for side, b in best.items():
         ag = f"{100 * agree[side]:.1f}%" if side in agree else "(its own Q4_1 arithmetic)"
-        lines.append(f"| {side_label(side)} | {b['single']:.1f} | {b['batched']:.1f} | {b['memory']:,.0f} | {ag} |")
+        lines.append(
+            f"| {side_label(side)} | {b['single']:.1f} | {b['batched']:.1f} | {b['memory']:,.0f} | {ag} |"
+        )
     if hf is not None:
         lines.append(f"| transformers float32 generate (in process, no server) | {hf:.1f} | | | |")
     lines += ["", f"agreement: over the {agree.get('tokens', 0):.0f} tokens of tests/data/agreement_text.txt, "

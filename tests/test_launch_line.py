@@ -112,7 +112,7 @@ def test_sglangs_priority_flags_are_the_schedulers(served: _Served) -> None:
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--enable-mixed-chunk"], "--enable-mixed-chunk: kvadmit models SGLang's overlap and non-overlap"),
+        (["--pp-size", "2"], "--pp-size 2: kvadmit runs one scheduler on one device"),
         (["--radix-eviction-policy", "priority"], "--radix-eviction-policy priority: kvadmit models the GPU"),
         (["--tp-size", "2"], "--tp-size 2: kvadmit runs one scheduler on one device"),
         (["--dp-size", "2"], "--dp-size 2: kvadmit runs one scheduler on one device"),

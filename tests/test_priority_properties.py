@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
@@ -15,7 +16,7 @@ from kvadmit.scheduler.events import Preemption, RequestAborted, Retraction
 from kvadmit.scheduler.priority import ABORTED_BY_PRIORITY_MESSAGE
 from kvadmit.scheduler.retraction import LAST_REQUEST_ABORT_MESSAGE
 from kvadmit.scheduler.scheduler import UNSCHEDULABLE_MESSAGE, Scheduler
-from kvadmit.scheduler.types import QUEUE_FULL_MESSAGE
+from kvadmit.scheduler.types import QUEUE_FULL_MESSAGE, ScheduledBatch
 
 EOS = 0
 ABORTS = {QUEUE_FULL_MESSAGE, ABORTED_BY_PRIORITY_MESSAGE, LAST_REQUEST_ABORT_MESSAGE, UNSCHEDULABLE_MESSAGE}
@@ -65,7 +66,10 @@ def scenarios(draw: st.DrawFn) -> tuple[ServerArgs, list[Spec]]:
     return args, specs
 
 
-def run(args: ServerArgs, specs: list[Spec]) -> tuple[Scheduler, dict[str, Req], dict[str, int]]:
+def run(
+    args: ServerArgs, specs: list[Spec], overlap: bool = False
+) -> tuple[Scheduler, dict[str, Req], dict[str, int]]:
+    """`overlap`: each pass runs before the last batch's result is processed (SGLang's overlap loop)."""
     sched = Scheduler(args, eos_token_ids=frozenset({EOS}))
     reqs: dict[str, Req] = {}
     ended: dict[str, int] = {}
@@ -86,6 +90,19 @@ def run(args: ServerArgs, specs: list[Spec]) -> tuple[Scheduler, dict[str, Req],
             elif isinstance(ev, Retraction):
                 event("retraction")
 
+    def process(batch: ScheduledBatch) -> None:
+        tokens = []
+        for req in batch.reqs:  # the token is fixed when the result is read (outputs lag under overlap)
+            k = len(req.output_ids) + 1
+            tokens.append(EOS if by_rid[req.rid].eos_at == k else 7)
+        outcome = sched.on_batch_done(batch, tokens)
+        for req in outcome.finished:
+            if req.finished_reason is not None and req.finished_reason.kind is not FinishKind.ABORT:
+                ended[req.rid] = ended.get(req.rid, 0) + 1
+        take_events()
+        sched.check_invariants()
+
+    in_flight: ScheduledBatch | None = None
     while True:
         while pending and pending[0].arrive_at <= step:
             spec = pending.pop(0)
@@ -97,21 +114,21 @@ def run(args: ServerArgs, specs: list[Spec]) -> tuple[Scheduler, dict[str, Req],
             take_events()
         batch = sched.next_batch()
         take_events()
+        processed = in_flight is not None
+        if in_flight is not None:
+            process(in_flight)
+            in_flight = None
+        if overlap:
+            in_flight = batch
         if batch is None:
+            if processed:
+                continue  # the pass after a result: nothing new was in flight
             if not pending:
                 break
             step = pending[0].arrive_at
             continue
-        tokens = []
-        for req in batch.reqs:
-            k = len(req.output_ids) + 1
-            tokens.append(EOS if by_rid[req.rid].eos_at == k else 7)
-        outcome = sched.on_batch_done(batch, tokens)
-        for req in outcome.finished:
-            if req.finished_reason is not None and req.finished_reason.kind is not FinishKind.ABORT:
-                ended[req.rid] = ended.get(req.rid, 0) + 1
-        take_events()
-        sched.check_invariants()
+        if not overlap:
+            process(batch)
         step += 1
         assert step < 50_000, "no progress"
     return sched, reqs, ended
@@ -119,11 +136,12 @@ def run(args: ServerArgs, specs: list[Spec]) -> tuple[Scheduler, dict[str, Req],
 
 @settings(deadline=None, max_examples=150, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios())
+@pytest.mark.parametrize("overlap", [False, True])
 def test_priority_workloads_keep_the_invariants_and_end_every_request_once(
-    case: tuple[ServerArgs, list[Spec]],
+    overlap: bool, case: tuple[ServerArgs, list[Spec]]
 ) -> None:
     args, specs = case
-    sched, reqs, ended = run(args, specs)
+    sched, reqs, ended = run(args, specs, overlap)
     assert set(reqs) == {s.rid for s in specs}
     for rid, req in reqs.items():
         reason = req.finished_reason

@@ -240,7 +240,8 @@ class Run:
         queue = [r for r in queue if r.rid not in self.ended_at]  # refused in this call as unschedulable
         if policy == "lof":
             queue.sort(key=lambda r: -r.max_new_tokens)  # stable, as the scheduler's sort
-        new = [r.rid for r in batch.reqs if r is not continuing]
+        riding = set(map(id, batch.decoding or ()))  # a mixed chunk's decode rows were not queued
+        new = [r.rid for r in batch.reqs if r is not continuing and id(r) not in riding]
         assert new == [r.rid for r in queue[: len(new)]], (new, [r.rid for r in queue])
 
     def execute(self, batch: ScheduledBatch) -> None:
@@ -286,14 +287,20 @@ class Run:
                 expected = req.seqlen + (id(req) in lag and req is not self.lagging.chunked)  # type: ignore[union-attr]
                 assert len(req.kv) == expected, (req.rid, len(req.kv), req.seqlen)
         else:
+            # --enable-mixed-chunk: the running requests' decode rows follow the prefill rows
+            decoding = batch.decoding or []
+            rows = batch.reqs[: len(batch.reqs) - len(decoding)]
+            lag = set() if self.lagging is None else {id(r) for r in self.lagging.reqs}
+            for req in decoding:
+                assert len(req.kv) == req.seqlen + (id(req) in lag), (req.rid, len(req.kv), req.seqlen)
             if sched.args.prefill_max_requests is not None:
-                assert len(batch.reqs) <= max(sched.args.prefill_max_requests, 1)
+                assert len(rows) <= max(sched.args.prefill_max_requests, 1)
             if sched.chunked_prefill_size is not None:
                 # §1.4–1.5: the batch's prefill, in whole pages, stays within one chunk.
                 page = sched.page_size
-                pages = sum(-(-(r.fill_len - r.prefix_len) // page) for r in batch.reqs)
+                pages = sum(-(-(r.fill_len - r.prefix_len) // page) for r in rows)
                 assert pages * page <= sched.chunked_prefill_size, (pages * page, sched.chunked_prefill_size)
-            for req in batch.reqs:
+            for req in rows:
                 assert req.prefix_len <= req.fill_len <= req.seqlen, (req.rid, req.prefix_len, req.fill_len)
                 assert len(req.kv) == req.fill_len, (req.rid, len(req.kv), req.fill_len)
                 assert (req is batch.chunked) == (req.fill_len < req.seqlen), req.rid
@@ -470,7 +477,8 @@ def server_args(draw: st.DrawFn, pressure: bool = False) -> ServerArgs:
         prefill_max_requests=draw(st.one_of(st.none(), st.none(), st.integers(1, 3))),
         schedule_policy=draw(st.sampled_from(["fcfs", "lpm", "lof", "random"])),
         disable_radix_cache=draw(st.booleans()),
-        sglang_version=draw(st.sampled_from(["0.5.22", "0.5.10"])),
+        sglang_version=draw(st.sampled_from(["0.5.22", "0.5.22", "0.5.23", "0.5.10"])),
+        enable_mixed_chunk=draw(st.booleans()),
         random_seed=draw(st.integers(0, 3)),
         context_length=draw(st.one_of(st.none(), st.none(), st.integers(32, 4096))),
         knobs=knobs,

@@ -231,6 +231,9 @@ class ServerArgs:
     # SGLang's default is the overlap loop (docs/sglang-rules.md A.1): the next pass is scheduled before
     # the last step's result is processed. True selects the non-overlap loop.
     disable_overlap_schedule: bool = False
+    # --enable-mixed-chunk: a prefill batch also carries one decode row per running request (with chunked
+    # prefill on; docs/sglang-rules.md A.5)
+    enable_mixed_chunk: bool = False
     # priority scheduling (scheduler/priority.py, docs/sglang-rules.md §13)
     enable_priority_scheduling: bool = False
     schedule_low_priority_values_first: bool = False

@@ -9,7 +9,7 @@ from typing import Any
 from kvadmit.config import ConfigError, SchedulerKnobs, ServerArgs
 from kvadmit.memory.pool import TokenPool
 from kvadmit.request import Req, SamplingLimits
-from kvadmit.scheduler.scheduler import Scheduler
+from kvadmit.scheduler.scheduler import ScheduledBatch, Scheduler
 
 
 class SnapshotError(ValueError):
@@ -24,6 +24,10 @@ class RunningSpec:
     max_new_tokens: int
     ignore_eos: bool
     priority: int | None = None
+    # Overlap loop: the request is in the decode step still in flight. Its output_len does not count that
+    # step's token yet (outputs lag one), but it already holds the step's slot (prompt + outputs + 1).
+    in_flight: bool = False
+    stops_in_flight: bool = False  # ... and that step samples its EOS (SGLang cannot foresee it)
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +139,7 @@ def _server_args(server: dict[str, Any]) -> ServerArgs:
                 else _int(server, "context_length", where, minimum=2)
             ),
             sglang_version=version,
+            disable_overlap_schedule=_bool(server, "disable_overlap_schedule", where),
             enable_priority_scheduling=_bool(server, "enable_priority_scheduling", where),
             schedule_low_priority_values_first=_bool(server, "schedule_low_priority_values_first", where),
             default_priority_value=default_priority,
@@ -178,9 +183,18 @@ def parse_snapshot(data: Any) -> Snapshot:
             max_new_tokens=_int(item, "max_new_tokens", where, minimum=0),
             ignore_eos=_bool(item, "ignore_eos", where),
             priority=_priority(item, where),
+            in_flight=_bool(item, "in_flight", where),
+            stops_in_flight=_bool(item, "stops_in_flight", where),
         )
         for where, item in _requests(data, "running")
     ]
+    for spec in running:
+        if spec.stops_in_flight and not spec.in_flight:
+            raise SnapshotError(f"running {spec.rid!r}: stops_in_flight needs in_flight (the step in flight)")
+    if any(r.in_flight for r in running) and args.disable_overlap_schedule:
+        raise SnapshotError(
+            "in_flight requests exist only under the overlap loop; server.disable_overlap_schedule is true"
+        )
     waiting = []
     for where, item in _requests(data, "waiting"):
         spec = WaitingSpec(
@@ -209,7 +223,7 @@ def parse_snapshot(data: Any) -> Snapshot:
 def _check_fits(snap: Snapshot) -> None:
     pool = snap.args.max_total_tokens
     assert pool is not None
-    held = sum(r.prompt_len + r.output_len for r in snap.running)
+    held = sum(r.prompt_len + r.output_len + r.in_flight for r in snap.running)  # (+ the in-flight slot)
     if held + snap.evictable_tokens > pool:
         raise SnapshotError(
             f"running requests hold {held} tokens and {snap.evictable_tokens} are evictable, "
@@ -284,10 +298,13 @@ def build_scheduler(snap: Snapshot) -> Scheduler:
         )
         sched.prio.resolve(req)
         sched.prio.stamp(req)  # running requests tie by queue entry: a later one in the list is newer
-        req.kv = pool.alloc_extend([], rspec.prompt_len + rspec.output_len)
+        req.kv = pool.alloc_extend([], rspec.prompt_len + rspec.output_len + rspec.in_flight)
         sched.req_slots.alloc()
         running.append(req)
     sched.running.extend(running)
+    in_flight = [r for r, spec in zip(running, snap.running, strict=True) if spec.in_flight]
+    if in_flight:  # the overlap loop's pass: the decode step of these requests is still running
+        sched.in_flight = ScheduledBatch(kind="decode", reqs=in_flight)
     if snap.new_token_ratio is not None:
         sched.ratio.current = snap.new_token_ratio
     return sched

@@ -46,6 +46,7 @@ IMPLEMENTED: dict[str, str] = {
     "enable_metrics": "--enable-metrics",
     "decode_log_interval": "--decode-log-interval",
     "disable_overlap_schedule": "--disable-overlap-schedule",
+    "enable_mixed_chunk": "--enable-mixed-chunk",
     "config": "--config",
     # priority scheduling (scheduler/priority.py)
     "enable_priority_scheduling": "--enable-priority-scheduling",
@@ -73,7 +74,6 @@ _ONE_DEVICE = "kvadmit runs one scheduler on one device: no tensor, pipeline, da
 _SPEC = "kvadmit does not model speculative decoding (its admission reserves draft tokens)"
 _PD = "kvadmit does not model prefill/decode or encoder disaggregation"
 _HYBRID = "kvadmit models one full-attention KV pool, not hybrid SWA or mamba pools"
-_LOOP = "kvadmit models SGLang's overlap and non-overlap loops with no mixed chunks today"
 _CACHE = "kvadmit models the GPU radix cache with LRU eviction, not host, storage or external caches"
 _LORA = "kvadmit does not model LoRA adapters (SGLang's admission limits adapters per batch)"
 _DELAY = "kvadmit admits as soon as the budget allows; it does not model prefill delays"
@@ -109,7 +109,6 @@ REFUSED: dict[str, Refusal] = {
     "prefill_only_disable_kv_cache": Refusal(_OFF, "kvadmit serves generation, not embeddings"),
     "dllm_algorithm": Refusal(_NONE, "kvadmit does not model diffusion language models"),
     # the event loop and the admission order
-    "enable_mixed_chunk": Refusal(_OFF, _LOOP),
     "num_continuous_decode_steps": Refusal((1,), "kvadmit schedules before every decode step"),
     "scheduler_recv_interval": Refusal((1,), "kvadmit's scheduler takes new requests before every step"),
     "prefill_decode_interval": Refusal((None, 0), _DELAY),

@@ -86,7 +86,11 @@ class AdmissionPass:
         rem_chunk_tokens: int | None,
         prefill_max_requests: int | None = None,
         ignore_eos_occupancy_check: bool = True,
+        mixed_decode_tokens: int = 0,
     ) -> None:
+        """`mixed_decode_tokens` (--enable-mixed-chunk): the running requests' decode rows that ride in
+        this prefill batch, one token each, taken from the input and chunk budgets and counted as used
+        from the start, as SGLang's PrefillAdder and PrefillBudget take num_mixed_decode_tokens."""
         self.cache = cache
         self.pool = pool
         self.running = running
@@ -94,8 +98,10 @@ class AdmissionPass:
         self.page_size = page_size
         self.profile = profile
         self.clip = clip_max_new_tokens
-        self.rem_input_tokens = rem_input_tokens
-        self.rem_chunk_tokens = rem_chunk_tokens
+        self.rem_input_tokens = rem_input_tokens - mixed_decode_tokens
+        self.rem_chunk_tokens = (
+            rem_chunk_tokens - mixed_decode_tokens if rem_chunk_tokens is not None else None
+        )
         self.prefill_max_requests = prefill_max_requests
         # False under an --admission-policy other than sglang: every request takes the normal path.
         self.ignore_eos_occupancy_check = ignore_eos_occupancy_check
@@ -106,10 +112,11 @@ class AdmissionPass:
         self.log_input_tokens = 0
         self.reprocessed_log_input_tokens = 0  # the part of log_input_tokens that retracted requests redo
 
-        self.current_offset = 0
-        # what each admission added to total_offset, in order (and, negated, what each preemption took out)
-        self._charges: list[float | int] = []
-        self._charge_sum = 0
+        self.current_offset = mixed_decode_tokens
+        # what each admission added to total_offset, in order (and, negated, what each preemption took out);
+        # SGLang's total_offset starts at the mixed decode tokens (float addition commutes: the same value)
+        self._charges: list[float | int] = [mixed_decode_tokens] if mixed_decode_tokens else []
+        self._charge_sum = mixed_decode_tokens
         self._base_fast, self._base_err = running.fast_reservation(new_token_ratio)
         self._base_exact: float | None = None
         self._eos_states: list[tuple[float, int]] | None = None

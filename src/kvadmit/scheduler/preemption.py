@@ -29,6 +29,7 @@ class PriorityPreemption:
     prio: PriorityScheduling
     events: list[Event]
     _finished_positions: list[int]
+    _left_in_pass: list[Req]
     _release: Callable[[Req], None]  # DecodeMemory's: free a request's own KV and its request slot
     _enqueue: Callable[..., bool]  # RequestIntake's
 
@@ -55,6 +56,7 @@ class PriorityPreemption:
         # requests that ended in the last decode step are still in the batch; their positions moved
         self._finished_positions = [i for i, r in enumerate(kept) if r.finished]
         preempted.extend(chosen)
+        self._left_in_pass += victims  # (overlap loop: their token from the step in flight is dropped)
         self.events.append(Preemption(rids=tuple(r.rid for r in chosen), by_rid=candidate.rid))
         return True
 

@@ -9,8 +9,10 @@ from collections.abc import Callable
 from kvadmit.memory.pool import ReqSlotPool, TokenPool
 from kvadmit.memory.radix import RadixCache
 from kvadmit.request import FinishKind, FinishReason, Req
+from kvadmit.scheduler.admission import AdmissionPass
 from kvadmit.scheduler.batch import RunningBatch
-from kvadmit.scheduler.events import DecodeBatchStats, Event, RequestAborted
+from kvadmit.scheduler.events import DecodeBatchStats, Event, PrefillBatchStats, RequestAborted
+from kvadmit.scheduler.ratio import NewTokenRatio
 from kvadmit.scheduler.types import ScheduledBatch, StepOutcome
 
 CLIENT_ABORT_MESSAGE = "Aborted by the client."
@@ -44,6 +46,30 @@ class StepResults:
 
     pool: TokenPool
     max_total_num_tokens: int
+    ratio: NewTokenRatio
+
+    def _prefill_stats(self, adder: AdmissionPass, running_bs: int) -> PrefillBatchStats:
+        pending = self._waiting_tokens
+        if self.chunked_req is not None:
+            pending += self.chunked_req.seqlen - self.chunked_req.fill_len
+        hit = sum(
+            r.prefix_len for r in adder.can_run_list if not r.is_retracted and r is not self.chunked_req
+        )
+        used = self.num_used_tokens()
+        return PrefillBatchStats(
+            new_seq=len(adder.can_run_list),
+            new_token=adder.log_input_tokens,
+            cached_token=adder.log_hit_tokens,
+            num_used_tokens=used,
+            token_usage=used / self.max_total_num_tokens,
+            running_req=running_bs,
+            queue_req=len(self.waiting),
+            pending_token=pending,
+            new_token_ratio=self.ratio.current,
+            hit_tokens_for_rate=hit,
+            input_tokens_for_rate=adder.log_input_tokens,
+            reprocessed_input_tokens=adder.reprocessed_log_input_tokens,
+        )
 
     def num_used_tokens(self) -> int:
         """SGLang's `#token`: pool − (available + evictable); evictable cache does not count as used."""
@@ -72,20 +98,23 @@ class StepResults:
         self, batch: ScheduledBatch, tokens: list[int], outcome: StepOutcome, merged: bool
     ) -> None:
         running = self.running
-        dropped = self._dropped_finishing if merged else []
+        # Under the overlap loop the next pass may already have merged this batch's requests into the running
+        # batch (or, with mixed chunks, moved them on into the next batch): only members move its sums.
+        members = set(map(id, running.reqs)) if merged else set()
+        decoding = set(map(id, batch.decoding or ()))  # mixed chunk: decode rows are not checkpointed
         for req, token in zip(batch.reqs, tokens, strict=True):
             if req is batch.chunked or _left_in_flight(req):
                 continue  # a non-final chunk (its token is discarded), or retracted or ended meanwhile
-            if merged and not any(r is req for r in dropped):
-                running.append_output(req, token)  # it already sits in the running batch
+            if id(req) in members:
+                running.append_output(req, token)
             else:
                 req.output_ids.append(token)
             reason = self._check_finished(req, token)
             if reason is not None:
                 self._finish(req, reason, outcome)
-                if merged and not any(r is req for r in dropped):
+                if id(req) in members:
                     self._finished_positions.append(running.reqs.index(req))
-            else:
+            elif id(req) not in decoding:
                 self.cache.cache_unfinished_req(req, req.fill_len)
         assert batch.stats is not None
         used = self.num_used_tokens()  # the queue and the pool at log time
@@ -169,8 +198,9 @@ class StepResults:
             reason = self._check_finished(req, tokens[i])
             if reason is not None:
                 self._finish(req, reason, outcome)
-                if id(req) not in dropped:
-                    self._finished_positions.append(i if same else running.reqs.index(req))
+                at = i if same else _position(running.reqs, req)
+                if id(req) not in dropped and at is not None:  # (a mixed chunk may have taken it on)
+                    self._finished_positions.append(at)
         self._after_decode(batch)
 
     def _finished_since(self, stamp: int) -> list[Req]:

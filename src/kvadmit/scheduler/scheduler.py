@@ -24,8 +24,6 @@ It never reads a clock and never imports torch; the same inputs give the same de
 
 from __future__ import annotations
 
-from array import array
-from collections import deque
 from collections.abc import Callable
 
 from kvadmit.config import ConfigError, ServerArgs, resolve_chunked_prefill_size, resolve_max_running_requests
@@ -35,9 +33,10 @@ from kvadmit.request import Req
 from kvadmit.scheduler.admission import AddResult, AdmissionPass, prepare_candidate
 from kvadmit.scheduler.batch import RunningBatch
 from kvadmit.scheduler.decode_memory import DECODE_SKIPPED, DecodeMemory
-from kvadmit.scheduler.events import Event, PrefillBatchStats
+from kvadmit.scheduler.events import Event
 from kvadmit.scheduler.intake import RequestIntake
 from kvadmit.scheduler.invariants import check_invariants
+from kvadmit.scheduler.mixed_chunk import MixedChunk
 from kvadmit.scheduler.ordering import QueueOrder
 from kvadmit.scheduler.output_budget import max_request_len
 from kvadmit.scheduler.policy import admission_policy
@@ -57,7 +56,7 @@ from kvadmit.scheduler.types import (
 __all__ = ["AdmissionRecord", "EngineCrash", "ScheduledBatch", "Scheduler", "StepOutcome"]
 
 
-class Scheduler(RequestIntake, DecodeMemory, StepResults, PriorityPreemption):
+class Scheduler(RequestIntake, DecodeMemory, StepResults, PriorityPreemption, MixedChunk):
     def __init__(
         self,
         args: ServerArgs,
@@ -91,6 +90,7 @@ class Scheduler(RequestIntake, DecodeMemory, StepResults, PriorityPreemption):
             )
         self.context_len = context_len or args.context_length or self.max_total_num_tokens
         self.chunked_prefill_size = resolve_chunked_prefill_size(args.chunked_prefill_size)
+        self.mixed_chunk = args.enable_mixed_chunk and self.chunked_prefill_size is not None
         self.max_running_requests = resolve_max_running_requests(
             args.max_running_requests, self.max_total_num_tokens, self.context_len
         )
@@ -301,12 +301,13 @@ class Scheduler(RequestIntake, DecodeMemory, StepResults, PriorityPreemption):
             if req is not chunked:
                 self.req_slots.alloc()
             self._alloc_kv(req, req.fill_len - len(req.kv))
-        return ScheduledBatch(
+        batch = ScheduledBatch(
             kind="prefill",
             reqs=admitted,
             chunked=self.chunked_req,
             stats=self._prefill_stats(adder, record.running_bs),
         )
+        return self.mix_running(batch) if self.mixed_chunk else batch
 
     def _new_admission_pass(self) -> AdmissionPass:
         return AdmissionPass(
@@ -321,29 +322,7 @@ class Scheduler(RequestIntake, DecodeMemory, StepResults, PriorityPreemption):
             rem_chunk_tokens=self.chunked_prefill_size,
             prefill_max_requests=self.args.prefill_max_requests,
             ignore_eos_occupancy_check=self.policy.ignore_eos_occupancy_check,
-        )
-
-    def _prefill_stats(self, adder: AdmissionPass, running_bs: int) -> PrefillBatchStats:
-        pending = self._waiting_tokens
-        if self.chunked_req is not None:
-            pending += self.chunked_req.seqlen - self.chunked_req.fill_len
-        hit = sum(
-            r.prefix_len for r in adder.can_run_list if not r.is_retracted and r is not self.chunked_req
-        )
-        used = self.num_used_tokens()
-        return PrefillBatchStats(
-            new_seq=len(adder.can_run_list),
-            new_token=adder.log_input_tokens,
-            cached_token=adder.log_hit_tokens,
-            num_used_tokens=used,
-            token_usage=used / self.max_total_num_tokens,
-            running_req=running_bs,
-            queue_req=len(self.waiting),
-            pending_token=pending,
-            new_token_ratio=self.ratio.current,
-            hit_tokens_for_rate=hit,
-            input_tokens_for_rate=adder.log_input_tokens,
-            reprocessed_input_tokens=adder.reprocessed_log_input_tokens,
+            mixed_decode_tokens=len(self.running.reqs) if self.mixed_chunk else 0,
         )
 
     def _alloc_kv(self, req: Req, n: int) -> None:
@@ -359,9 +338,7 @@ class Scheduler(RequestIntake, DecodeMemory, StepResults, PriorityPreemption):
         if self._finished_positions:
             running.drop_at(sorted(set(self._finished_positions)))
             self._finished_positions = []
-        finishing = self._finishing_in_flight()
-        if finishing:
-            running.drop_at(sorted(map(running.reqs.index, finishing)))
+        finishing = self.drop_finishing_in_flight()
         if not running.reqs:
             running.batch_is_full = False
             return None
@@ -378,15 +355,7 @@ class Scheduler(RequestIntake, DecodeMemory, StepResults, PriorityPreemption):
             running.batch_is_full = False
         if not running.reqs:
             return None
-        if self.page_size == 1:
-            slots = self.pool.alloc_decode(len(running.reqs))
-            deque(map(array.append, running.kvs, slots), maxlen=0)
-        else:
-            # SGLang over-estimates the step: it evicts as if every request needed a fresh page.
-            evict_for(self.cache, self.pool, len(running.reqs) * self.page_size)
-            for req in running.reqs:
-                self._alloc_kv(req, 1)
-        running.kv_tokens += len(running.reqs)  # one slot each
+        self.alloc_decode_slots()
         return ScheduledBatch(
             kind="decode",
             reqs=list(running.reqs),

@@ -42,6 +42,9 @@ class ScheduledBatch:
     # the overlap loop, hands its own list to the cache; the batch still computes its last slot)
     kvs: list[array[int]] | None = None
     outs: list[list[int]] | None = None  # in a decode: each request's output list, as scheduled
+    # in a prefill under --enable-mixed-chunk: the running requests whose decode rows follow the prefill
+    # rows (kvs then holds every row's slots)
+    decoding: list[Req] | None = None
     finish_stamp: int = 0  # the scheduler's count of ended requests when it handed the batch out
 
 
