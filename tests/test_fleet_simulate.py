@@ -146,3 +146,21 @@ def test_every_request_is_served_once_under_every_policy(
         trace = [json.loads(line) for line in (tmp_path / "requests.jsonl").read_text().splitlines()]
         assert [sum(r["replica"] == k for r in trace) for k in range(3)] == counts
         assert all(r["success"] for r in trace)
+
+
+def test_the_routers_text_is_one_character_per_prompt_token() -> None:
+    from kvadmit.bench.workload import SimRequest
+    from kvadmit.fleet.driver import prompt_text
+
+    vocab = 50
+    chars = "".join(map(chr, range(vocab)))
+    cases = [SimRequest(3, 10, 5, 5, None, True, 7, None),  # ids 10…19
+             SimRequest(0, 30, 5, 5, None, True, 45, None),  # 45…49, then 0…24: wraps once
+             SimRequest(1, 120, 5, 5, None, True, 0, None),  # 1…49, 0…49, 0…20: wraps twice
+             SimRequest(0, 3, 5, 5, None, True, 0, (300, 2, 7))]  # fmt: skip
+    ids = [list(range(10, 20)), [*range(45, 50), *range(25)], [*range(1, 50), *range(50), *range(21)],
+           [300, 2, 7]]  # fmt: skip
+    expected = ["".join(map(chr, x)) for x in ids]
+    for spec, text in zip(cases, expected, strict=True):
+        assert prompt_text(spec, chars) == text
+        assert prompt_text(spec, chars) == "".join(map(chr, spec.prompt(vocab)))

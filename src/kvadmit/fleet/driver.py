@@ -9,8 +9,9 @@ A discrete-event loop. Events, earliest first, and at equal times in this order:
     SEND      the client puts the next request on the wire (its arrival, or when a slot frees); the
               router routes it at once and it reaches the replica --request-latency-ms later
     STEP      a replica's next scheduling pass starts: it takes what has reached it by then and runs one
-              step (its END events are queued at the step's end), or, finding nothing, waits for the
-              next request that reaches it
+              step of its engine (in the overlap loop: schedules the next batch, then processes the one
+              in flight; END events are queued at the time results are processed), or, finding nothing,
+              waits for the next request that reaches it
 
 A step's decisions use only what reached its replica by the step's start, and the router sees a step's
 answers only at the step's end, so the replicas never see each other's future. With one replica the
@@ -82,6 +83,19 @@ def simulate_fleet(
             gc.enable()
 
 
+def prompt_text(spec: SimRequest, chars: str) -> str:
+    """The prompt as the router sees it, one character per token: "".join(map(chr, spec.prompt(…))),
+    built, as SimRequest.prompt builds the ids, from slices of the vocabulary (`chars`)."""
+    if spec.tokens is not None:
+        return "".join(map(chr, spec.tokens))
+    vocab, n = len(chars), spec.prompt_len
+    start = (spec.offset + spec.index) % vocab
+    text = chars[start : start + n]
+    while len(text) < n:  # wrapped past the end of the vocabulary
+        text += chars[: min(vocab, n - len(text))]
+    return text
+
+
 class _Fleet:
     def __init__(
         self,
@@ -110,7 +124,8 @@ class _Fleet:
         self.now = 0.0
         self.routed: dict[str, int] = {}
         self.vocab = cfg.workload.vocab_size
-        self.token_ids = list(range(self.vocab))
+        # the router's text: one character per prompt token (chr of its id), the vocabulary as one string
+        self.chars = "".join(map(chr, range(self.vocab))) if self.router.needs_text else ""
         for k in range(spec.replicas):
             self._push(0.0, STEP, k)
 
@@ -162,9 +177,7 @@ class _Fleet:
         _, rid, spec, outcome = self.queue.popleft()
         if self.free_slots is not None:
             self.free_slots.popleft()
-        text = None
-        if self.router.needs_text:  # the router matches characters: one per prompt token here
-            text = "".join(map(chr, spec.prompt(self.vocab, self.token_ids)))
+        text = prompt_text(spec, self.chars) if self.router.needs_text else None
         k = self.router.route(text)
         self.routed[rid] = k
         replica = self.replicas[k]

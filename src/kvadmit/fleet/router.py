@@ -2,8 +2,9 @@
 periodic jobs on the virtual clock, both from the router's start (time 0 of the run):
 
 * the load poll (power_of_two): at 0, I, 2I, … (tokio's interval ticks at once), I = sglang-router 0.3.2's
-  --worker-startup-check-interval (30 s; its load monitor is built with that interval). A poll reads every
-  replica as it stood after its last step ending at or before the poll.
+  --worker-startup-check-interval (30 s; its load monitor is built with that interval). A poll inside a
+  replica's step reads it as it stands once that step's results are processed (the driver runs a step
+  whole), as SGLang answers /get_load between iterations of its loop.
 * the tree's eviction (cache_aware): at E, 2E, … (the eviction thread sleeps first),
   E = --eviction-interval-secs (60; 0 turns it off), down to --max-tree-size characters per worker.
 """
