@@ -158,8 +158,9 @@ def test_a_cut_stream_is_aborted_within_a_step_or_two(tmp_path: Path) -> None:
         decoded = [ln for ln in text.splitlines() if ln.startswith("sglang:realtime_tokens_total")
                    and 'mode="decode"' in ln]  # fmt: skip
         # 1 token from the prefill + 2 decode steps seen by the client; the abort lands at the next
-        # step's result (one more step may already be running when it arrives)
-        assert 2 <= float(decoded[0].split()[-1]) <= 2 + 2
+        # step's result (one more step may already be running when it arrives), and under the overlap loop
+        # the step after it was scheduled before that result: SGLang counts its rows too (its batch size)
+        assert 2 <= float(decoded[0].split()[-1]) <= 2 + 3
 
 
 def test_sigterm_stops_admission_aborts_in_flight_with_a_reason_and_exits_0(tmp_path: Path) -> None:
