@@ -587,7 +587,36 @@ def _run_scenario(sc: dict) -> dict:
     return {"id": sc["id"], "events": d.events}
 
 
+SELF_CHECK = {
+    "id": "self-check",
+    "server": {
+        "max_total_tokens": 256, "page_size": 1, "chunked_prefill_size": 64, "max_prefill_tokens": 16384,
+        "max_running_requests": None, "schedule_conservativeness": 1.0, "disable_radix_cache": False,
+        "schedule_policy": "fcfs", "decode_log_interval": 1, "context_length": 4096, "overlap": False,
+    },
+    "requests": [
+        {"rid": "a", "input_ids": [100, 101, 102], "max_new_tokens": 3, "ignore_eos": False, "eos_at": None,
+         "arrive_after": 0},
+    ],
+}
+
+
+def self_check():
+    """Both loops on a one-request script: a prefill then two decodes, ended by length."""
+    from importlib.metadata import version
+
+    for overlap in (False, True):
+        sc = json.loads(json.dumps(SELF_CHECK))
+        sc["server"]["overlap"] = overlap
+        kinds = [e[2] for e in run_scenario(sc)["events"] if e[0] == "B"]
+        assert kinds == ["prefill", "decode", "decode"], (overlap, kinds)
+    print(f"sglang {version('sglang')}: both event loops run")
+
+
 def main():
+    if sys.argv[1:] == ["--self-check"]:
+        self_check()
+        return
     if len(sys.argv) != 2:
         sys.exit(__doc__)
     with open(sys.argv[1]) as f:
