@@ -5,7 +5,8 @@ The log mixes what a busy SGLang server prints, in a busy server's proportions: 
 Prefill batch lines (15%), HTTP access lines (25%), retractions (0.5%) and lines the doctor does not know
 (4.5%), seven lines a second. Each size is diagnosed in a fresh process (the whole `diagnose`: read,
 parse, collect, findings), which reports its wall and CPU time and its peak resident memory; a process
-that only imports the doctor gives the baseline memory.
+that only imports the doctor gives the baseline memory. What the reconstruction, replay check and
+what-ifs add (issue 21's target: at most 10 s on an hour of log) is doctor_speed_whatif.py's to measure.
 
     usage: python benchmarks/doctor_speed.py [--lines N ...] [--output FILE | -]
 """

@@ -1,15 +1,24 @@
 """What the HTTP server costs on top of the engine, measured against a peer in one run.
 
-1. `serve --simulate` in real time against the virtual clock: the same workload (200 requests of 128
+1. A simulated step against its cost model: `kvadmit serve --simulate` (a 10 ms decode step) with 1, 16
+   and 64 requests running (streamed, ignore_eos); from its --trace-steps rows, the time from one decode
+   step's end to the next's at that batch size, against the cost model's 10 ms. Under SGLang's non-overlap
+   loop the server's own work per step (scheduling, tokens to the HTTP side, SSE) adds to the 10 ms; under
+   the overlap loop it hides behind the step in flight, as on a GPU. Also one simulated worker's start-up
+   time (the process start to /ready answering 200) and its memory (resident set after start-up, peak).
+2. `serve --simulate` in real time against the virtual clock: the same workload (200 requests of 128
    prompt + 128 output tokens, ignore_eos, concurrency 32, a 10 ms decode step, 50k prefill tokens/s) is
    simulated by `kvadmit simulate` (the cost model's own prediction, no overhead) and sent to a real
    `kvadmit serve --simulate` over HTTP. Ratio of wall durations and of mean TPOT = the serving stack's
    overhead (scheduling in real time, the engine thread, HTTP, SSE) on a step that costs 10 ms.
-2. The real model (the default SmolLM2-135M when it is cached, bf16/fp32 as the server resolves it):
+3. A fleet: sixteen `serve --simulate` workers behind sglang-router (round_robin), driven by `kvadmit bench`
+   through the router; the fleet's request rate against what the cost model predicts for sixteen
+   independent workers (`kvadmit simulate` of one worker's share, times sixteen).
+4. The real model (the default SmolLM2-135M when it is cached, bf16/fp32 as the server resolves it):
    the same 32 prompts through the offline `kvadmit.Engine` and through `kvadmit serve` over HTTP at
    concurrency 32; output tokens per second of each.
 
-Run: python benchmarks/serve_overhead.py [--skip-model]
+Run: python benchmarks/serve_overhead.py [--skip-model] [--skip-fleet]
 """
 
 from __future__ import annotations
@@ -30,6 +39,7 @@ from pathlib import Path
 import httpx
 
 from machine import cpu_model
+from serve_steps import fleet_part, steps_part
 
 N, INPUT, OUTPUT, CONC, DECODE_MS, PREFILL = 200, 128, 128, 32, 10.0, 50_000.0
 
@@ -104,7 +114,7 @@ def simulated_part() -> list[str]:
     tpots = [(o["_latency"]) / OUTPUT * 1000 for o in outs]
     measured_tpot = sum(tpots) / len(tpots)
     return [
-        f"1. serve --simulate vs its cost model: {N} requests × ({INPUT} + {OUTPUT}), concurrency {CONC}, "
+        f"2. serve --simulate vs its cost model: {N} requests × ({INPUT} + {OUTPUT}), concurrency {CONC}, "
         f"decode step {DECODE_MS:g} ms",
         "",
         "| | duration s | mean time per output token ms |",
@@ -139,7 +149,7 @@ def model_part() -> list[str]:
     served = sum(o["meta_info"]["completion_tokens"] for o in outs)
     same = sum(o["text"] == off["text"] for o, off in zip(outs, offline, strict=True))  # type: ignore[index]
     return [
-        f"2. the default model ({dtype}): 32 prompts × 64 output tokens (greedy, ignore_eos)",
+        f"4. the default model ({dtype}): 32 prompts × 64 output tokens (greedy, ignore_eos)",
         "",
         "| | output tok/s |",
         "| --- | ---: |",
@@ -155,11 +165,21 @@ def model_part() -> list[str]:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--skip-model", action="store_true")
+    p.add_argument("--skip-fleet", action="store_true")
+    p.add_argument("--parts", default="1,2,3,4", help="which parts to run, e.g. 1,3")
     ns = p.parse_args()
-    lines = [f"# serve_overhead — {cpu_model()}, {os.cpu_count()} cores, Python {sys.version.split()[0]}, "
-             f"{date.today()}, load average {os.getloadavg()[0]:.1f}", ""]  # fmt: skip
-    lines += simulated_part()
-    if not ns.skip_model:
+    parts = {int(x) for x in ns.parts.split(",")}
+    lines = [f"# serve_overhead — {cpu_model()}, {os.cpu_count()} cores (shared with other jobs), Python "
+             f"{sys.version.split()[0]}, {date.today()}, load average {os.getloadavg()[0]:.1f}", "",
+             f"`python benchmarks/serve_overhead.py {' '.join(sys.argv[1:])}`", ""]  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp:
+        if 1 in parts:
+            lines += steps_part(Path(tmp))
+        if 2 in parts:
+            lines += simulated_part()
+        if 3 in parts and not ns.skip_fleet:
+            lines += fleet_part(Path(tmp))
+    if 4 in parts and not ns.skip_model:
         lines += model_part()
     print("\n".join(lines))
 

@@ -44,9 +44,9 @@ def test_every_server_flag_defaults_to_the_dataclass_default() -> None:
             assert action.default == f.default, (name, dest)
             assert action.option_strings == ["--" + dest.replace("_", "-")], (name, dest)
             checked += 1
-    # 14 server flags (ServerArgs less knobs and admission_policy) in capacity; simulate and serve add
-    # --admission-policy (15 each); sweep has those 15 less its 5 swept ones: 14 + 15 + 15 + 10
-    assert checked == 54
+    # 15 server flags (ServerArgs less knobs and admission_policy) in capacity; simulate and serve add
+    # --admission-policy (16 each); sweep has those 16 less its 5 swept ones: 15 + 16 + 16 + 11
+    assert checked == 58
 
 
 @pytest.mark.parametrize("command", ["capacity", "simulate", "serve", "sweep"])

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from kvadmit.config import (
     PROFILE_0_5_22,
+    PROFILE_0_5_23,
     ConfigError,
     SchedulerKnobs,
     ServerArgs,
@@ -103,7 +106,11 @@ def test_chunked_prefill_size_by_memory_and_minus_one_disables() -> None:
 
 def test_version_profiles() -> None:
     assert version_profile("0.5.22") is PROFILE_0_5_22
-    assert version_profile("0.5.23") is PROFILE_0_5_22
+    assert version_profile("0.5.23") is PROFILE_0_5_23
+    # 0.5.23 changes exactly the three rules of docs/sglang-rules.md A.2, nothing else
+    back = {"filter_finished_every_pass": False, "stop_admission_when_budget_spent": False}
+    assert replace(PROFILE_0_5_23, name="0.5.22", credit_held_rows=False, **back) == PROFILE_0_5_22
+    assert version_profile("0.5.24").filter_finished_every_pass  # later releases: the latest rules known
     classic = version_profile("0.5.10")
     assert not classic.ignore_eos_reserves_in_full
     assert not classic.page_size_in_fit_check

@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 
 from kvadmit.cli import main
-from kvadmit.cli.sglang_compat import OVERLAP_NOTE
 from kvadmit.config import SchedulerKnobs, ServerArgs
 from kvadmit.errors import UsageError
 
@@ -67,10 +66,10 @@ def test_a_pasted_launch_line_builds_the_native_server(served: _Served) -> None:
     )  # fmt: skip
     assert args == expected
     assert (ns.model_path, ns.mem_fraction_static, ns.enable_metrics) == ("X", 0.8, True)
-    assert ns.startup_notes == [NO_EFFECT_LINE, OVERLAP_NOTE]
+    assert ns.startup_notes == [NO_EFFECT_LINE, LOOP_LINE]
     native_ns, native_args = _serve(served, NATIVE)
     assert native_args == args
-    assert native_ns.startup_notes == [OVERLAP_NOTE]
+    assert native_ns.startup_notes == [LOOP_LINE]
     for key in ("model_path", "mem_fraction_static", "enable_metrics", "dtype", "host", "port"):
         assert getattr(native_ns, key) == getattr(ns, key), key
 
@@ -83,17 +82,23 @@ def test_sglang_names_for_dtypes_and_token_counts(served: _Served) -> None:
     assert _serve(served, ["--dtype", "float"])[0].dtype == "float32"
 
 
-def test_disable_overlap_schedule_is_what_kvadmit_runs(served: _Served) -> None:
+def test_the_overlap_loop_is_the_default_and_the_flag_selects_the_other(served: _Served) -> None:
     ns, args = _serve(served, ["--disable-overlap-schedule"])
-    assert ns.startup_notes == []  # neither "no effect" nor the note about the overlap loop
-    assert args == ServerArgs(knobs=SchedulerKnobs.from_environ())
+    assert ns.startup_notes == [
+        LOOP_LINE.replace(
+            "the overlap event loop (SGLang's default; --disable-overlap-schedule for the other)",
+            "the non-overlap event loop (--disable-overlap-schedule)",
+        )
+    ]
+    assert args == ServerArgs(knobs=SchedulerKnobs.from_environ(), disable_overlap_schedule=True)
+    assert _serve(served, [])[1].disable_overlap_schedule is False  # SGLang's default loop
 
 
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--enable-mixed-chunk"], "--enable-mixed-chunk: kvadmit models SGLang's non-overlap loop"),
-        (["--enable-priority-scheduling"], "--enable-priority-scheduling: kvadmit models SGLang's non-"),
+        (["--enable-mixed-chunk"], "--enable-mixed-chunk: kvadmit models SGLang's overlap and non-overlap"),
+        (["--enable-priority-scheduling"], "--enable-priority-scheduling: kvadmit models SGLang's overlap"),
         (["--tp-size", "2"], "--tp-size 2: kvadmit runs one scheduler on one device"),
         (["--dp-size", "2"], "--dp-size 2: kvadmit runs one scheduler on one device"),
         (["--speculative-algorithm", "EAGLE"], "--speculative-algorithm EAGLE: kvadmit does not model spec"),
@@ -178,7 +183,10 @@ def test_the_start_up_log_names_the_no_effect_flags_once(
     log = tmp_path / "server.log"
     assert main(["serve", *PASTED, "--log-file", str(log)]) == 2
     lines = log.read_text().splitlines()
-    assert lines == [NO_EFFECT_LINE, OVERLAP_NOTE]
+    assert lines == [NO_EFFECT_LINE, LOOP_LINE]
+
+
+LOOP_LINE = "Scheduling as SGLang 0.5.22 with the overlap event loop (SGLang's default; --disable-overlap-schedule for the other)"  # noqa: E501
 
 
 def _env() -> dict[str, str]:
@@ -218,7 +226,7 @@ def test_python_m_kvadmit_launch_server_serves_a_pasted_line(tmp_path: Path) -> 
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=30)
     assert lines.count(NO_EFFECT_LINE) == 1
-    assert lines.count(OVERLAP_NOTE) == 1
+    assert lines.count(LOOP_LINE) == 1
     assert proc.returncode == 0
 
 

@@ -26,6 +26,8 @@ ALLOWED: dict[str, str | None] = {
     "scheduler stop_strings",
     # never the server; the what-ifs run the simulator (sim, costmodel's calibrate, bench's workload)
     "doctor": "bench capacity config costmodel observe scheduler sim",
+    # a fleet of simulated replicas behind a router: above the simulator and the engine, below the CLI
+    "fleet": "bench config engine executor observe request scheduler sim",
     "sim": "bench config costmodel engine executor observe request scheduler",
     "bench": "errors model",  # it talks HTTP: never the server or the simulator (model: the byte tokenizer)
     "capacity": "config errors memory request scheduler",

@@ -19,7 +19,7 @@ from kvadmit.sim.run import SimConfig, simulate
 
 def test_replaying_a_runs_own_request_trace_reproduces_it_request_by_request() -> None:
     base = SimConfig(
-        args=ServerArgs(max_total_tokens=8192),
+        args=ServerArgs(max_total_tokens=8192, disable_overlap_schedule=True),  # a run that retracts
         workload=WorkloadSpec(num_prompts=200, input_len=128, output_len=512, range_ratio=0.5,
                               ignore_eos=False),
         cost=CostModel.simple(decode_step_ms=20, prefill_tokens_per_s=10_000),

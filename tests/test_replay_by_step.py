@@ -21,7 +21,8 @@ import pytest
 from kvadmit.observe.decisions import compare, decisions
 from server_helpers import running_server, wait_idle, write_cost_model
 
-FLAGS = ["--max-total-tokens", "600", "--decode-log-interval", "1"]
+# Replay by step follows the non-overlap loop's step numbering (docs/simulate.md); the server runs it too.
+FLAGS = ["--max-total-tokens", "600", "--decode-log-interval", "1", "--disable-overlap-schedule"]
 
 
 def serve_and_trace(
@@ -140,7 +141,7 @@ def test_pages_chunks_shared_prefixes_and_idle_passes_replay_step_for_step(tmp_p
     """Page size 4, prefills cut into 48-token chunks, prompts that share a 70-byte prefix (cache hits),
     and two waves with the engine idle between them (an idle pass resets the new-token ratio)."""
     flags = ["--max-total-tokens", "700", "--decode-log-interval", "1", "--page-size", "4",
-             "--chunked-prefill-size", "48"]  # fmt: skip
+             "--chunked-prefill-size", "48", "--disable-overlap-schedule"]  # fmt: skip
     real_lines, trace = serve_and_trace(
         tmp_path, n=50, spread_s=0.4, flags=flags, prompt=lambda i: "shared-prefix-" * 5 + f"{i:04d}" * 5,
         waves=2,

@@ -120,6 +120,7 @@ class Run:
     retractions: list[Retraction] = field(default_factory=list)
     client_aborted: set[str] = field(default_factory=set)  # abort_request returned True
     aborted_in_queue: set[str] = field(default_factory=set)  # ... while it was waiting
+    aborted_while_chunked: set[str] = field(default_factory=set)  # ... while its prompt was in chunks
     transcript: Transcript = field(default_factory=Transcript)
     call: int = 0
     steps: int = 0
@@ -217,6 +218,8 @@ class Run:
         continuing = self.sched.chunked_req
         retracted_before = len(self.retractions)
         batch = self.sched.next_batch()
+        if continuing is not None and continuing.abort_requested and continuing.finished_reason is not None:
+            self.aborted_while_chunked.add(continuing.rid)  # this pass ended it, before another chunk
         if batch is not None:
             self.transcript.batches.append((self.call, batch.kind, tuple(r.rid for r in batch.reqs)))
         self._take_events()
@@ -366,9 +369,11 @@ def check_every_request_ended_once(run: Run) -> None:
             assert (reason.kind, len(req.output_ids)) == expected_end(spec, cap), (rid, reason)
         elif reason.message == CLIENT_ABORT_MESSAGE:
             assert rid in run.client_aborted, rid
-            # Aborted in the queue: an event only. Aborted while live: it ends at its next result, in
-            # that step's finished list and as an event.
-            assert channels == ((0, 1) if rid in run.aborted_in_queue else (1, 1)), (rid, channels)
+            # Aborted in the queue: an event only. Aborted while its prompt was still being chunked: it
+            # ends at the start of the next pass, which runs no further chunk of it, as an event only.
+            # Aborted while live: it ends at its next result, in that step's finished list and as an event.
+            event_only = rid in run.aborted_in_queue or rid in run.aborted_while_chunked
+            assert channels == ((0, 1) if event_only else (1, 1)), (rid, channels)
         elif reason.message == LAST_REQUEST_ABORT_MESSAGE:
             assert channels == (0, 1) and reason.status_code == 500, (rid, channels, reason)
             assert run.last_request_aborts.count(rid) == 1, rid

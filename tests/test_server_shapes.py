@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from server_helpers import RunningServer, running_server, write_cost_model
+from server_helpers import RunningServer, running_server, wait_idle, write_cost_model
 
 META_KEYS = ["id", "finish_reason", "prompt_tokens", "weight_version", "num_retractions", "reasoning_tokens",
              "completion_tokens", "cached_tokens", "cached_tokens_details"]  # fmt: skip
@@ -47,7 +47,8 @@ def test_stream_meta_info_has_sglang_fields_and_cached_tokens_from_first_chunk(s
     sp = {"max_new_tokens": 5, "ignore_eos": True}
     first = httpx.post(f"{srv.url}/generate", json={"text": prompt, "sampling_params": sp}, timeout=60).json()
     meta = first["meta_info"]
-    assert list(meta) == [*META_KEYS, "e2e_latency"]
+    # SGLang stamps the first answer it sends (without --enable-metrics too)
+    assert list(meta) == [*META_KEYS, "e2e_latency", "response_sent_to_client_ts"]
     assert meta["prompt_tokens"] == 25 and meta["completion_tokens"] == 5
     assert meta["weight_version"] == "default" and meta["num_retractions"] == 0
     assert meta["reasoning_tokens"] == 0
@@ -63,7 +64,9 @@ def test_stream_meta_info_has_sglang_fields_and_cached_tokens_from_first_chunk(s
         m = c["meta_info"]
         assert m["id"] == "again" and m["prompt_tokens"] == 25 and m["num_retractions"] == 0
         assert m["cached_tokens"] == 24 and m["cached_tokens_details"] == {"device": 24, "host": 0}
-    assert all(list(c["meta_info"]) == META_KEYS for c in chunks[:-1])
+    # the first chunk is stamped when it is sent; the others are not, nor is the last
+    assert list(chunks[0]["meta_info"]) == [*META_KEYS, "response_sent_to_client_ts"]
+    assert all(list(c["meta_info"]) == META_KEYS for c in chunks[1:-1])
     assert all(c["meta_info"]["finish_reason"] is None for c in chunks[:-1])
     assert list(chunks[-1]["meta_info"]) == [*META_KEYS, "e2e_latency"]
     assert chunks[-1]["meta_info"]["finish_reason"] == {"type": "length", "length": 5}
@@ -177,3 +180,33 @@ def test_num_retractions_counts_each_requests_retractions(tmp_path: Path) -> Non
     counts = [a["meta_info"]["num_retractions"] for a in answers]
     assert sum(counts) == retracted  # every retraction the scheduler logged lands on its request
     assert max(counts) >= 1
+
+
+def test_a_streamed_batch_interleaves_its_prompts_each_with_its_index(srv: RunningServer) -> None:
+    sps = [{"max_new_tokens": n, "ignore_eos": True} for n in (3, 1, 2)]
+    body = {"text": ["one", "two!", "three"], "rid": ["s0", "s1", "s2"], "sampling_params": sps}
+    status, chunks = stream_chunks(srv.url, "/generate", body)  # ends with one [DONE]
+    assert status == 200
+    assert all(list(c)[-1] == "index" for c in chunks)  # SGLang adds it last
+    by_index: dict[int, list[Any]] = {0: [], 1: [], 2: []}
+    for c in chunks:
+        by_index[c["index"]].append(c)
+    for i, n in enumerate((3, 1, 2)):
+        own = by_index[i]
+        assert len(own) == n + 1  # a chunk per token, then the end
+        assert {c["meta_info"]["id"] for c in own} == {f"s{i}"}
+        assert [len(c["output_ids"]) for c in own] == [*range(1, n + 1), n]
+        assert [len(c["text"]) for c in own] == [*range(1, n + 1), n]  # cumulative, one byte a token
+        assert all(c["meta_info"]["finish_reason"] is None for c in own[:-1])
+        assert own[-1]["meta_info"]["finish_reason"] == {"type": "length", "length": n}
+        assert own[-1]["meta_info"]["prompt_tokens"] == len(body["text"][i])
+
+
+def test_leaving_a_streamed_batch_aborts_every_prompt(srv: RunningServer) -> None:
+    body = {"text": ["long a", "long b"], "sampling_params": {"max_new_tokens": 30000, "ignore_eos": True},
+            "stream": True}  # fmt: skip
+    with httpx.stream("POST", f"{srv.url}/generate", json=body, timeout=60) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                break  # one event, then the client goes away
+    wait_idle(srv, timeout=10)  # both ended long before their 30,000 tokens (30 s at 1 ms a step)

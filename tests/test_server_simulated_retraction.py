@@ -55,7 +55,7 @@ def test_retractions_are_logged_and_counted(tmp_path: Path) -> None:
         assert sample(text, "sglang:num_retracted_requests_total") == sum(int(m.group(1)) for m in lines)
         # Each request got the length the simulator drew for it: its own, not cut, not doubled.
         for i, a in enumerate(answers):
-            drawn = random.Random(i).randint(1, 400)
+            drawn = random.Random(i).randint(2, 400)  # serve --simulate-output-len uniform: [2, max_tokens]
             assert a["usage"]["completion_tokens"] == drawn
             # SGLang 0.5.22 checks stop tokens before the length limit: an EOS drawn as the 400th (last
             # allowed) token ends the request as "stop" too

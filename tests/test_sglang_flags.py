@@ -103,7 +103,7 @@ def test_every_name_of_every_flag_parses() -> None:
                 value_here = {"half": "float16", "float": "float32"}.get(str(value), value)
             else:
                 value_here = value
-            if flag.dest in IMPLEMENTED and flag.dest != "disable_overlap_schedule":
+            if flag.dest in IMPLEMENTED:
                 assert dest_of[IMPLEMENTED[flag.dest]] == dest_of[name], name
             else:
                 assert dest_of[name] == COMPAT_PREFIX + flag.dest, name

@@ -87,8 +87,10 @@ def test_early_stops_decay_the_ratio_until_retraction_and_nothing_is_lost() -> N
 
 def test_the_printed_ratio_is_the_formulas() -> None:
     # Observe each retraction with the requests that stayed, and recompute the ratio from the rule.
+    # The non-overlap loop: the step right after a retraction is the next decode (under the overlap loop
+    # the step in flight comes first; tests/test_overlap_loop.py checks the ratio there).
     cfg = SimConfig(
-        args=ServerArgs(max_total_tokens=8192),
+        args=ServerArgs(max_total_tokens=8192, disable_overlap_schedule=True),
         workload=WorkloadSpec(
             num_prompts=600, input_len=128, output_len=512, range_ratio=1.0, ignore_eos=False
         ),
@@ -203,7 +205,11 @@ def test_the_cli_prints_log_lines_then_the_summary(tmp_path: object) -> None:
     )  # fmt: skip
     assert run_.returncode == 0, run_.stderr
     out = run_.stdout.splitlines()
-    assert out[0].startswith("[2026-01-01 00:00:00] max_total_num_tokens=4096")
+    assert (
+        out[0] == "Scheduling as SGLang 0.5.22 with the overlap event loop (SGLang's default; "
+        "--disable-overlap-schedule for the other)"
+    )
+    assert out[1].startswith("[2026-01-01 00:00:00] max_total_num_tokens=4096")
     assert "============ Serving Benchmark Result ============" in out
     assert any(line.startswith("Successful requests:") and line.split()[2] == "8" for line in out)
 
@@ -248,9 +254,12 @@ def test_token_times_kept_as_decode_runs_equal_a_per_token_record() -> None:
     per_token: dict[str, list[float]] = {}
 
     def record(batch: object, result: object, now: float) -> None:
+        # A request got a token in this step if its output grew (not a chunk; under the overlap loop not
+        # one that ended or was retracted while the step was in flight); a retraction drops none.
         for req in batch.reqs:  # type: ignore[attr-defined]
-            if req is not batch.chunked:  # type: ignore[attr-defined]
-                per_token.setdefault(req.rid, []).append(now)
+            times = per_token.setdefault(req.rid, [])
+            if len(req.output_ids) > len(times):
+                times.append(now)
 
     cfg = SimConfig(
         args=ServerArgs(max_total_tokens=8192, chunked_prefill_size=256),

@@ -43,6 +43,12 @@ class VersionProfile:
     prefill_log_has_pending_token: bool
     # `#new-token` counts raw extend lengths since the PrefillBudget refactor; 0.5.10 counted page-ceiled.
     log_raw_input_tokens: bool
+    # 0.5.23 (docs/sglang-rules.md A.2): every pass drops finished requests from the running batch (0.5.22
+    # only before a decode step), the admission loop stops before any candidate once the pass budget is
+    # spent, and the request-row cap credits the row a continuing chunk already holds.
+    filter_finished_every_pass: bool = False
+    stop_admission_when_budget_spent: bool = False
+    credit_held_rows: bool = False
 
 
 PROFILE_0_5_22 = VersionProfile(
@@ -53,6 +59,14 @@ PROFILE_0_5_22 = VersionProfile(
     last_request_oom="abort",
     prefill_log_has_pending_token=True,
     log_raw_input_tokens=True,
+)
+
+PROFILE_0_5_23 = replace(
+    PROFILE_0_5_22,
+    name="0.5.23",
+    filter_finished_every_pass=True,
+    stop_admission_when_budget_spent=True,
+    credit_held_rows=True,
 )
 
 # "classic": the flat PrefillAdder of 0.5.10 (used for every release from 0.5.10 up to 0.5.21).
@@ -87,6 +101,8 @@ def version_profile(version: str) -> VersionProfile:
     if version in ("classic",):
         return PROFILE_CLASSIC
     v = _parse_version(version)
+    if v >= (0, 5, 23):
+        return PROFILE_0_5_23 if v == (0, 5, 23) else replace(PROFILE_0_5_23, name=version)
     if v >= (0, 5, 22):
         return PROFILE_0_5_22
     if v >= (0, 5, 10):
@@ -208,6 +224,9 @@ class ServerArgs:
     context_length: int | None = None
     random_seed: int = 0
     sglang_version: str = "0.5.22"
+    # SGLang's default is the overlap loop (docs/sglang-rules.md A.1): the next pass is scheduled before
+    # the last step's result is processed. True selects the non-overlap loop.
+    disable_overlap_schedule: bool = False
     knobs: SchedulerKnobs = field(default_factory=SchedulerKnobs)
     admission_policy: str = "sglang"
 

@@ -1,8 +1,19 @@
 """The engine loop: one scheduler, one executor, one clock (docs/architecture.md, "One step of the engine").
 
-    step():  batch = scheduler.next_batch()      events (retraction, aborts) at the current time
-             result = executor.run(batch)         the step takes result.seconds
-             scheduler.on_batch_done(batch, …)    tokens, finishes and events at the step's end
+SGLang's two event loops (docs/sglang-rules.md A.1), chosen by --disable-overlap-schedule:
+
+    non-overlap step():  batch = scheduler.next_batch()      events (retraction, aborts) now
+                         result = executor.run(batch)         the step takes result.seconds
+                         scheduler.on_batch_done(batch, …)    tokens, finishes and events at its end
+
+    overlap step():      next = scheduler.next_batch()       scheduled while the last batch still runs
+                         on_batch_done(last, …)               at the time the last batch ends
+                         executor.run(next)                   launched then; processed next step()
+
+In the overlap loop the scheduler's own work hides behind the forward in flight, as on a GPU: a batch's
+result is ready `seconds` after its launch, whatever the scheduling pass in between cost. (The executor
+computes a batch after the last result is processed, since a real model needs that result's tokens; the
+decisions and times are those of the overlapped loop.)
 
 Observers get every scheduler event with the clock time it happened at; the listener hears each token and
 each request's end exactly once.
@@ -26,6 +37,7 @@ StepObserver = Callable[[ScheduledBatch, StepResult, float], None]
 class Clock(Protocol):
     def now(self) -> float: ...
     def advance(self, seconds: float) -> None: ...
+    def wait_until(self, t: float) -> None: ...
 
 
 class VirtualClock:
@@ -43,6 +55,9 @@ class VirtualClock:
     def advance_to(self, t: float) -> None:
         self.t = max(self.t, t)
 
+    def wait_until(self, t: float) -> None:
+        self.advance_to(t)
+
 
 class WallClock:
     """Real time; a step's duration has already passed when it returns."""
@@ -52,6 +67,11 @@ class WallClock:
 
     def advance(self, seconds: float) -> None:
         pass
+
+    def wait_until(self, t: float) -> None:
+        left = t - time.time()
+        if left > 0:
+            time.sleep(left)
 
 
 class Listener(Protocol):
@@ -79,6 +99,10 @@ class Engine:
         self.observers = list(observers)
         self.step_observers = list(step_observers)
         self.live: dict[str, Req] = {}  # submitted and not yet ended
+        self.overlap = not scheduler.args.disable_overlap_schedule
+        # Overlap loop: the batch launched last, its result, and when that result is ready.
+        self.pending: tuple[ScheduledBatch, StepResult, float] | None = None
+        self.launched = 0  # batches run
 
     def submit(self, req: Req) -> bool:
         """Hand a request to the scheduler; False if it was rejected (its end is already reported)."""
@@ -95,13 +119,37 @@ class Engine:
         return found
 
     def step(self) -> bool:
-        """Run one batch. False when there was nothing to run."""
+        """One iteration of the event loop. False when there was nothing to run or to process."""
+        if self.overlap:
+            return self._overlap_step()
         batch = self.scheduler.next_batch()
         self._dispatch(self.clock.now())
         if batch is None:
             return False
+        start = self.clock.now()
         result = self.executor.run(batch)
-        self.clock.advance(result.seconds)
+        self.launched += 1
+        self.clock.wait_until(start + result.seconds)
+        self._process(batch, result)
+        return True
+
+    def _overlap_step(self) -> bool:
+        batch = self.scheduler.next_batch()
+        self._dispatch(self.clock.now())
+        pending, self.pending = self.pending, None
+        if pending is not None:
+            last, result, ready = pending
+            self.clock.wait_until(ready)
+            self._process(last, result)
+        if batch is None:
+            return pending is not None
+        start = self.clock.now()
+        result = self.executor.run(batch)
+        self.launched += 1
+        self.pending = (batch, result, start + result.seconds)
+        return True
+
+    def _process(self, batch: ScheduledBatch, result: StepResult) -> None:
         outcome = self.scheduler.on_batch_done(batch, result.next_token_ids)
         now = self.clock.now()
         for watch in self.step_observers:
@@ -110,7 +158,6 @@ class Engine:
         for req in outcome.finished:
             self._ended(req, now)
         self._dispatch(now)
-        return True
 
     def _ended(self, req: Req, now: float) -> None:
         if self.live.pop(req.rid, None) is not None:
@@ -128,4 +175,4 @@ class Engine:
 
     @property
     def busy(self) -> bool:
-        return bool(self.live)
+        return bool(self.live) or self.pending is not None

@@ -30,6 +30,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument(
         "--scenario", metavar="FILE", help="a snapshot (JSON) or many (JSONL), see docs/architecture.md"
     )
+    p.add_argument("--replicas", type=int, default=1, metavar="N", help="N replicas behind a router (or "
+                   "--dp-size N), each with this pool: the fleet's answer too")  # fmt: skip
     p.add_argument("--json", action="store_true", help="answer in JSON")
     p.set_defaults(func=run)
 
@@ -43,6 +45,8 @@ def run(ns: argparse.Namespace) -> int:
 
     if ns.max_total_tokens is None or ns.input_len is None or ns.output_len is None:
         raise UsageError("give --max-total-tokens, --input-len and --output-len, or --scenario FILE")
+    if ns.replicas < 1:
+        raise UsageError(f"--replicas must be ≥ 1, got {ns.replicas}")
     if ns.ratio is not None and not 0 <= ns.ratio <= 1:
         raise UsageError(f"--ratio must be between 0 and 1, got {ns.ratio}")
     args = server_args_from(ns)
@@ -51,9 +55,29 @@ def run(ns: argparse.Namespace) -> int:
         result = explain_fit(q)
     except CapacityError as e:
         raise UsageError(str(e)) from None
+    if ns.replicas > 1:
+        _add_fleet(result, ns.replicas)
     if ns.json:
         print(json.dumps(result))
     else:
         for line in result["explanation"]:  # type: ignore[union-attr]
             print(line)
     return 0
+
+
+def _add_fleet(result: dict[str, object], n: int) -> None:
+    """The answer for n replicas, each with its own pool: n times each count, when the router fills all."""
+    running, first = result["running_at_once"], result["first_pass_admitted"]
+    assert isinstance(running, int) and isinstance(first, int)
+    result["replicas"] = n
+    result["fleet_running_at_once"] = n * running
+    result["fleet_first_pass_admitted"] = n * first
+    explanation = result["explanation"]
+    assert isinstance(explanation, list)
+    explanation.append(
+        f"Over {n} replicas, each with a pool of its own: {n} × {running:,} = {n * running:,} run at once "
+        f"({n} × {first:,} = {n * first:,} in the first passes) when the router keeps every replica full. "
+        "round_robin spreads requests evenly; power_of_two and cache_aware route on stale or partial loads "
+        "and can leave one replica queueing while another has room (`kvadmit simulate --replicas N "
+        "--router POLICY` shows it)."
+    )

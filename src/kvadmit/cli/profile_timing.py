@@ -130,7 +130,10 @@ class _Quiet:
 def loop_overhead_ms(executor: TorchExecutor, pool: int, vocab: int) -> tuple[float, int]:
     """Run a few requests through the real Engine on the wall clock; (the mean of each step's wall time
     minus the executor's own time for it, in ms; the steps measured)."""
-    scheduler = Scheduler(ServerArgs(max_total_tokens=pool), context_len=4 * pool)
+    # The non-overlap loop: each step is timed on its own, its result processed before the next.
+    scheduler = Scheduler(
+        ServerArgs(max_total_tokens=pool, disable_overlap_schedule=True), context_len=4 * pool
+    )
     seconds: list[float] = []
 
     def executor_time(batch: ScheduledBatch, result: StepResult, now: float) -> None:

@@ -58,10 +58,19 @@ def add_kvadmit_serve_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--simulate", metavar="COST_MODEL", default=None,
                    help="serve a predicted GPU: the simulated executor in real time with this cost model "
                    "(a JSON file or a preset such as h100:llama-3-8b), no weights needed")  # fmt: skip
+    g.add_argument("--simulate-output-len", metavar="DIST", default=None,
+                   help="with --simulate: where requests without ignore_eos stop, as completion tokens "
+                   "(EOS included): uniform (default: 2..max_new_tokens), fixed:F (F × max_new_tokens), "
+                   "lognormal:MEAN,SIGMA (MEAN tokens), or trace:FILE (one length a line, or "
+                   "--trace-requests JSON lines; cycled); at least one visible token unless "
+                   "fixed:0")  # fmt: skip
 
 
 def run(ns: argparse.Namespace) -> int:
+    from kvadmit.observe.startup import loop_line
     from kvadmit.server.main import serve
 
     ns.startup_notes = check_sglang_flags(ns)
-    return serve(ns, server_args_from(ns))
+    args = server_args_from(ns)
+    ns.startup_notes.append(loop_line(args))
+    return serve(ns, args)

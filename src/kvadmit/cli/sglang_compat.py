@@ -16,10 +16,6 @@ from kvadmit.errors import UsageError
 # The namespace attribute of a flag kvadmit only parses: prefixed, so that none can clash with a kvadmit
 # dest. Its default is SUPPRESS: the attribute exists only when the flag was given.
 COMPAT_PREFIX = "sglang__"
-OVERLAP_NOTE = (
-    "kvadmit runs SGLang's non-overlap loop (what --disable-overlap-schedule asks for); SGLang's default "
-    "overlap loop is not modelled yet"
-)
 _NO_EFFECT = frozenset(NO_EFFECT)
 
 
@@ -111,6 +107,4 @@ def check_sglang_flags(ns: argparse.Namespace) -> list[str]:
     notes = []
     if no_effect:
         notes.append("accepted, no effect here: " + ", ".join(no_effect))
-    if not getattr(ns, COMPAT_PREFIX + "disable_overlap_schedule", False):
-        notes.append(OVERLAP_NOTE)
     return notes

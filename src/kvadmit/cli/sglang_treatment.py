@@ -44,7 +44,6 @@ IMPLEMENTED: dict[str, str] = {
     "log_level": "--log-level",
     "enable_metrics": "--enable-metrics",
     "decode_log_interval": "--decode-log-interval",
-    # kvadmit runs SGLang's non-overlap event loop, which is what this flag asks for
     "disable_overlap_schedule": "--disable-overlap-schedule",
     "config": "--config",
 }
@@ -63,7 +62,7 @@ _ONE_DEVICE = "kvadmit runs one scheduler on one device: no tensor, pipeline, da
 _SPEC = "kvadmit does not model speculative decoding (its admission reserves draft tokens)"
 _PD = "kvadmit does not model prefill/decode or encoder disaggregation"
 _HYBRID = "kvadmit models one full-attention KV pool, not hybrid SWA or mamba pools"
-_LOOP = "kvadmit models SGLang's non-overlap loop with no mixed chunks and no priorities today"
+_LOOP = "kvadmit models SGLang's overlap and non-overlap loops with no mixed chunks and no priorities today"
 _CACHE = "kvadmit models the GPU radix cache with LRU eviction, not host, storage or external caches"
 _LORA = "kvadmit does not model LoRA adapters (SGLang's admission limits adapters per batch)"
 _DELAY = "kvadmit admits as soon as the budget allows; it does not model prefill delays"

@@ -8,11 +8,16 @@ import sys
 from typing import TYPE_CHECKING
 
 from kvadmit.cli.flags import add_simulate_flags, check_load_flags, server_args_from
+from kvadmit.cli.fleet_flags import add_fleet_flags, fleet_spec
 from kvadmit.config import SIMULATED_CONTEXT_LENGTH
 from kvadmit.errors import UsageError
 
 if TYPE_CHECKING:
-    from kvadmit.sim.run import SimConfig
+    from collections.abc import Callable
+    from typing import IO
+
+    from kvadmit.fleet.driver import FleetSpec
+    from kvadmit.sim.run import SimConfig, SimResult
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -24,6 +29,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         "client. Prints SGLang's log lines, then bench_serving's summary block.",
     )
     add_simulate_flags(p)
+    add_fleet_flags(p)
     o = p.add_argument_group("output")
     o.add_argument("--quiet", action="store_true", help="print the summary only, not the log lines")
     o.add_argument("--log-file", metavar="FILE", help="write the log lines here instead of stdout")
@@ -105,9 +111,12 @@ def run(ns: argparse.Namespace) -> int:
     from contextlib import ExitStack
 
     from kvadmit.bench.summary import render_summary
+    from kvadmit.observe.startup import loop_line
     from kvadmit.sim.run import WarmupFailed, simulate
 
     cfg = simulate_config(ns)
+    fleet = fleet_spec(ns)
+    table = None
     with ExitStack() as stack:
         try:
             log = stack.enter_context(open(ns.log_file, "w", encoding="utf-8")) if ns.log_file else sys.stdout
@@ -116,8 +125,13 @@ def run(ns: argparse.Namespace) -> int:
         except OSError as e:
             raise UsageError(f"cannot write {e.filename!r}: {e.strerror}") from None
         emit = None if ns.quiet else (lambda line: log.write(line + "\n"))
+        if emit is not None:
+            emit(loop_line(cfg.args))
         try:
-            result = simulate(cfg, emit_log=emit, request_trace=requests, step_trace=steps)
+            if fleet is None:
+                result = simulate(cfg, emit_log=emit, request_trace=requests, step_trace=steps)
+            else:
+                result, table = _simulate_fleet(cfg, fleet, emit, requests, steps)
         except WarmupFailed as e:
             raise UsageError(str(e)) from None
     failed = [o for o in result.outcomes if not o.success]
@@ -135,7 +149,27 @@ def run(ns: argparse.Namespace) -> int:
             duration_s=result.duration_s,
         )
     )
+    if table is not None:
+        print(table)
     return 0
+
+
+def _simulate_fleet(
+    cfg: SimConfig,
+    fleet: FleetSpec,
+    emit: Callable[[str], None] | None,
+    requests: IO[str] | None,
+    steps: IO[str] | None,
+) -> tuple[SimResult, str | None]:
+    """The fleet's run over all requests, and its per-replica table (None for one replica, whose output is
+    plain `simulate`'s)."""
+    from kvadmit.fleet.driver import simulate_fleet
+    from kvadmit.fleet.report import render_replica_table
+
+    result = simulate_fleet(cfg, fleet, emit_log=emit, request_trace=requests, step_trace=steps)
+    if fleet.replicas == 1:
+        return result.sim, None
+    return result.sim, f"\n{fleet.describe()}:\n" + render_replica_table(result)
 
 
 def _read_lengths(path: str) -> tuple[int, ...]:

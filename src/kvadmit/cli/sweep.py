@@ -2,8 +2,9 @@
 
 Every `simulate` flag is accepted; these take comma-separated lists and span the grid:
 --schedule-conservativeness, --max-running-requests, --max-total-tokens, --chunked-prefill-size,
---admission-policy (server) and --max-concurrency, --request-rate (load). With --search-max-rate the
-request rate is searched instead: for each server setting, the largest rate that meets the target.
+--admission-policy (server), --replicas, --router (fleet) and --max-concurrency, --request-rate (load).
+With --search-max-rate the request rate is searched instead: for each server setting, the largest rate
+that meets the target; with --search-min-replicas, the fewest replicas that meet it at the given rate.
 Points run in worker processes on this machine's cores, or with --ray ADDRESS as tasks on a Ray cluster.
 """
 
@@ -17,6 +18,7 @@ import time
 from collections.abc import Callable, Iterator
 
 from kvadmit.cli.flags import add_simulate_flags
+from kvadmit.cli.fleet_flags import ROUTER_POLICIES, add_fleet_flags, fleet_spec
 from kvadmit.cli.simulate import simulate_config
 from kvadmit.config import ADMISSION_POLICIES, ServerArgs
 from kvadmit.errors import UsageError
@@ -32,6 +34,19 @@ def _policy(text: str) -> str:
     return text
 
 
+def _router(text: str) -> str:
+    if text not in ROUTER_POLICIES:
+        raise ValueError(text)
+    return text
+
+
+def _replicas(text: str) -> int:
+    n = int(text)
+    if n < 1:
+        raise ValueError(text)
+    return n
+
+
 # flag dest → how one value is read ("none" reads as None: SGLang's default for that flag)
 SWEPT: dict[str, Callable[[str], object]] = {
     "schedule_conservativeness": float,
@@ -39,10 +54,13 @@ SWEPT: dict[str, Callable[[str], object]] = {
     "max_total_tokens": _maybe_int,
     "chunked_prefill_size": _maybe_int,
     "admission_policy": _policy,
+    "replicas": _replicas,
+    "router": _router,
     "max_concurrency": _maybe_int,
     "request_rate": float,
 }
 LOADS = ("max_concurrency", "request_rate")
+FLEET = ("replicas", "router")  # unset: one server, no router
 
 
 def _list_of(read: Callable[[str], object]) -> Callable[[str], list[object]]:
@@ -63,6 +81,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         description=__doc__.split("\n\n")[0],
     )
     add_simulate_flags(p)
+    add_fleet_flags(p)
     g = p.add_argument_group("swept flags (comma-separated lists)")
     for dest, read in SWEPT.items():
         g.add_argument("--" + dest.replace("_", "-"), type=_list_of(read), default=None, metavar="A,B,…")
@@ -81,6 +100,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     o.add_argument("--target-tpot-ms", type=float, default=None)
     o.add_argument("--target-statistic", choices=("p50", "p90", "p95", "p99", "mean"), default="p99")
     o.add_argument("--rate-tolerance", type=float, default=0.02, help="relative width of the final bracket")
+    o.add_argument("--search-min-replicas", action="store_true", help="find the fewest --replicas that "
+                   "meet the target at the one --request-rate given, for each other setting")  # fmt: skip
+    o.add_argument("--max-replicas", type=int, default=256, help="the most replicas the search tries")
     p.set_defaults(func=run)
 
 
@@ -88,6 +110,8 @@ def _default(dest: str) -> object:
     """What `simulate` uses when the flag is not given."""
     if dest in LOADS:
         return None if dest == "max_concurrency" else float("inf")
+    if dest in FLEET:
+        return None
     return getattr(ServerArgs(), dest)
 
 
@@ -127,12 +151,21 @@ def run(ns: argparse.Namespace) -> int:
     if ns.ray is not None and not ns.ray.strip():
         raise UsageError("--ray needs an address: auto, local, HOST:PORT or ray://HOST:PORT")
     combos = grid(ns)
+    if ns.search_max_rate and ns.search_min_replicas:
+        raise UsageError("--search-max-rate and --search-min-replicas: one search at a time")
     if ns.search_max_rate:
         return _run_search(ns, combos, workers)
+    if ns.search_min_replicas:
+        from kvadmit.cli.sweep_fleet import run_replica_search
+
+        return run_replica_search(ns, combos, workers)
     load = _load_axis(ns)
     if ns.svg and load is None:
         raise UsageError("--svg plots against the load: give --max-concurrency or --request-rate a list")
-    points = [SweepPoint(shown, simulate_config(_point_namespace(ns, values))) for shown, values in combos]
+    points = []
+    for shown, values in combos:
+        point_ns = _point_namespace(ns, values)
+        points.append(SweepPoint(shown, simulate_config(point_ns), fleet_spec(point_ns)))
     cluster_cpus: list[int] = []
     started = time.perf_counter()
     with _ray_errors():
@@ -182,11 +215,13 @@ def _write(path: str, text: str) -> None:
     print(f"wrote {path}", file=sys.stderr)
 
 
-def _search_one(job: tuple[object, object, float]) -> object:
+def _search_one(job: tuple[object, object, float, object]) -> object:
     from kvadmit.sim.rate_search import search_max_rate
+    from kvadmit.sim.run import simulate
 
-    cfg, target, tol = job
-    return search_max_rate(cfg, target, rel_tol=tol)  # type: ignore[arg-type]
+    cfg, target, tol, fleet = job
+    run = simulate if fleet is None else fleet.simulate  # type: ignore[attr-defined]
+    return search_max_rate(cfg, target, rel_tol=tol, run=run)  # type: ignore[arg-type]
 
 
 def _run_search(ns: argparse.Namespace, combos: list[dict[str, object]], workers: int) -> int:
@@ -204,8 +239,8 @@ def _run_search(ns: argparse.Namespace, combos: list[dict[str, object]], workers
     jobs, labels = [], []
     for shown, values in combos:
         shown.pop("request_rate", None)
-        cfg = simulate_config(_point_namespace(ns, {**values, "request_rate": 1.0}))
-        jobs.append((cfg, target, ns.rate_tolerance))
+        point_ns = _point_namespace(ns, {**values, "request_rate": 1.0})
+        jobs.append((simulate_config(point_ns), target, ns.rate_tolerance, fleet_spec(point_ns)))
         labels.append(shown)
     cluster_cpus: list[int] = []
     started = time.perf_counter()

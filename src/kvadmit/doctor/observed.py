@@ -4,6 +4,7 @@ parser (parse.py), kept apart from the verdict's collector so that the two can c
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from kvadmit.doctor.parse import DECODE, HTTP, PREFILL, RETRACT, STARTUP, LineParser
@@ -11,6 +12,12 @@ from kvadmit.doctor.source import LogSource
 
 # Paths whose 200 answer ends a generation request (a non-streamed request is answered when it finishes).
 GENERATE_PATHS = ("/generate", "/v1/completions", "/v1/chat/completions")
+# The flags a reconstruction takes from SGLang's `server_args=ServerArgs(...)` start-up line, when shown.
+SERVER_ARGS_HEAD = "server_args=ServerArgs("
+_SERVER_ARG = re.compile(
+    r"\b(decode_log_interval|schedule_conservativeness|disable_overlap_schedule|page_size|schedule_policy)"
+    r"=('?)([\w.+-]+)\2[,)]"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +57,7 @@ class Observed:
     retracts: list[Retract] = field(default_factory=list)
     finishes: list[float] = field(default_factory=list)  # times of `POST /generate … 200` lines
     startup: dict[str, object] = field(default_factory=dict)
+    server_args: dict[str, str] = field(default_factory=dict)  # from a server_args=ServerArgs(...) line
     batch_texts: list[str] = field(default_factory=list)  # for calibrate
     events: list[Decode | Prefill | Retract] = field(default_factory=list)  # in the log's order
     untimed_batch_lines: int = 0
@@ -95,6 +103,9 @@ def observe_lines(lines: list[str]) -> Observed:
 
 
 def _add(obs: Observed, parser: LineParser, text: str) -> None:
+    if SERVER_ARGS_HEAD in text:
+        obs.server_args = {m.group(1): m.group(3) for m in _SERVER_ARG.finditer(text)}
+        return
     rec = parser.parse(text)
     if rec is None:
         return

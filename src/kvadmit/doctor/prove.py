@@ -3,12 +3,15 @@ the log?) and, when it does, the what-if table ranked by effect."""
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvadmit.doctor import model
 from kvadmit.doctor.observed import Observed, read_observed
 from kvadmit.doctor.reconstruct import CannotReconstruct, Reconstruction, reconstruct
+from kvadmit.doctor.reservation import judge_reservation
 from kvadmit.doctor.resimulate import SimRun, run
 from kvadmit.doctor.whatif import (
     RETRACTION_FACTOR,
@@ -55,14 +58,20 @@ class Proof:
         }
 
 
-def _ratio_row(metric: str, log: float | None, sim: float | None, digits: int = 1) -> CheckRow:
-    if log is None or sim is None:
-        return CheckRow(metric, log, sim, "not shown", True)
-    if max(log, sim) < 1.0:  # both under one a minute (or a token): nothing to tell apart
-        return CheckRow(metric, round(log, digits), round(sim, digits), "both below 1", True)
-    factor = max(log, sim) / max(min(log, sim), 1e-9)
-    ok = factor <= RETRACTION_FACTOR
-    return CheckRow(metric, round(log, digits), round(sim, digits), f"× {factor:.2f}", ok)
+def _retraction_row(real: Stats, sim: Stats) -> CheckRow:
+    """Retractions per minute within a factor of 2, or, for a few, as close as chance allows: two Poisson
+    counts a and b differ by less than 2 √(a + b) about 95% of the time when their rates are equal."""
+    metric, log, rep = "retractions per minute", real.retractions_per_min, sim.retractions_per_min
+    if max(log, rep) < 1.0:  # both under one a minute: nothing to tell apart
+        return CheckRow(metric, round(log, 1), round(rep, 1), "both below 1", True)
+    a, b = real.retracted, sim.retracted
+    chance = abs(a - b) < 2.0 * math.sqrt(a + b)
+    if min(log, rep) <= 0:
+        return CheckRow(metric, round(log, 1), round(rep, 1), f"{a} against {b} retracted", chance)
+    factor = max(log, rep) / min(log, rep)
+    ok = factor <= RETRACTION_FACTOR or chance
+    closeness = f"× {factor:.2f}" + (f" ({a} against {b}: within chance)" if chance and factor > 2 else "")
+    return CheckRow(metric, round(log, 1), round(rep, 1), closeness, ok)
 
 
 def _usage_row(real: Stats, sim: Stats) -> CheckRow:
@@ -93,7 +102,7 @@ def replay_check(verdict: str, real: Stats, today: Outcome) -> tuple[list[CheckR
     rows = [
         CheckRow("verdict", verdict, today.verdict, "same" if verdict == today.verdict else "differs",
                  verdict == today.verdict),
-        _ratio_row("retractions per minute", real.retractions_per_min, sim.retractions_per_min),
+        _retraction_row(real, sim),
         _usage_row(real, sim),
         _info_row("queue length (mean)", real.queue_mean, sim.queue_mean),
         _info_row("gen throughput (token/s, mean)", real.throughput_mean, sim.throughput_mean, 0),
@@ -110,6 +119,7 @@ def prove(log: str, verdict: str, user: list[Scenario]) -> Proof:
             raise CannotReconstruct("the log came from standard input, which can be read only once")
         obs = read_observed(log)
         rec = reconstruct(obs)
+        judge_reservation(rec, obs, verdict == model.IDLE_POOL)
     except CannotReconstruct as e:
         proof.problem = f"no reconstruction: {e}"
         proof.seconds = time.perf_counter() - began
@@ -136,4 +146,4 @@ def _simulate_all(
 
 
 def _run(rec: Reconstruction, s: Scenario) -> SimRun:
-    return run(rec, s.label, s.overrides)
+    return run(rec, s.label, s.overrides, s.max_new_tokens)

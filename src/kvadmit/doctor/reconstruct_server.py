@@ -10,9 +10,11 @@ from kvadmit.config import ServerArgs
 from kvadmit.costmodel.calibrate import CalibrationError, calibrate
 from kvadmit.costmodel.costmodel import CostModel
 from kvadmit.doctor.inferred import Inferred
-from kvadmit.doctor.observed import Observed
+from kvadmit.doctor.observed import Decode, Observed
 
 USAGE_HALF_STEP = 0.005  # token usage is printed with 2 decimals: the true ratio is within ± this
+RATIO_FLOOR_AT_1 = 0.7 * 0.14  # the new-token ratio's floor at --schedule-conservativeness 1 (0.0980)
+RATIO_FLOOR_MAX = 0.14 + 0.00005  # min(0.7 × c, 1) × 0.14 never exceeds 0.14 (printed with 4 decimals)
 
 
 def startup_int(obs: Observed, name: str) -> int | None:
@@ -107,3 +109,73 @@ def infer_cost(obs: Observed, decode_log_interval: int) -> Inferred[CostModel]:
         f"{p.base_ms:.3f} ms + tokens / {p.tokens_per_s:,.0f} tokens/s"
     )
     return Inferred(cal.cost, how, "estimate")
+
+
+def _told(obs: Observed, name: str) -> str | None:
+    return obs.server_args.get(name)
+
+
+def infer_decode_log_interval(obs: Observed) -> Inferred[int]:
+    """--decode-log-interval: the server_args line's; or, between two Decode lines with nothing between
+    them (no prefill, no retraction) and the same #running-req B, every request gained one token a step,
+    so #token grew by interval × B exactly (a finish would lower B, an admission print a Prefill line)."""
+    told = _told(obs, "decode_log_interval")
+    if told is not None and told.isdigit() and int(told) > 0:
+        return Inferred(int(told), "the server_args line's decode_log_interval", "exact")
+    seen: dict[int, int] = {}
+    prev: Decode | None = None
+    for e in obs.events:
+        if not isinstance(e, Decode):
+            prev = None
+            continue
+        same = prev is not None and e.running == prev.running
+        if same and prev is not None and prev.tokens is not None and e.tokens is not None:
+            grown = e.tokens - prev.tokens
+            if e.running > 0 and grown > 0 and grown % e.running == 0:
+                seen[grown // e.running] = seen.get(grown // e.running, 0) + 1
+        prev = e
+    default = ServerArgs().decode_log_interval
+    if not seen:
+        how = f"not shown (no two Decode lines back to back, same #running-req): SGLang's default {default}"
+        return Inferred(default, how, "guess")
+    value, hits = max(seen.items(), key=lambda kv: (kv[1], -kv[0]))
+    pairs = sum(seen.values())
+    how = (
+        f"#token grew by exactly {value} × #running-req between {hits} of {pairs} pairs of back-to-back "
+        "Decode lines with the same #running-req"
+    )
+    return Inferred(value, how, "exact" if hits >= 2 and hits == pairs else "estimate")
+
+
+def infer_conservativeness(obs: Observed) -> Inferred[float]:
+    """--schedule-conservativeness: the server_args line's; or the floor the ratio decayed to before a
+    retraction (the retraction line's old ratio): the floor is min(0.7 × c, 1) × 0.14 (docs/sglang-rules.md
+    §2), 0.0980 at c = 1, and no floor exceeds 0.14."""
+    told = _told(obs, "schedule_conservativeness")
+    if told is not None:
+        try:
+            return Inferred(float(told), "the server_args line's schedule_conservativeness", "exact")
+        except ValueError:
+            pass
+    olds = [r.old_ratio for r in obs.retracts if r.old_ratio is not None and r.old_ratio > 0]
+    low = min(olds, default=None)
+    if low is not None and low < RATIO_FLOOR_MAX:
+        value = round(low / RATIO_FLOOR_AT_1, 2)
+        how = (
+            f"the ratio had decayed to its floor {low:.4f} before a retraction: floor = 0.7 × c × 0.14, "
+            f"so c = {low:.4f} ÷ 0.098"
+        )
+        return Inferred(value, how, "estimate")
+    how = "not shown (no server_args line, no ratio at its floor): SGLang's default 1.0"
+    return Inferred(1.0, how, "guess")
+
+
+def infer_overlap(obs: Observed) -> Inferred[bool | None]:
+    """Whether the server ran SGLang's overlap loop: the server_args line's disable_overlap_schedule."""
+    told = _told(obs, "disable_overlap_schedule")
+    if told in ("True", "False"):
+        overlap = told == "False"
+        how = f"the server_args line's disable_overlap_schedule={told}"
+        return Inferred(overlap, how, "exact")
+    how = "not shown in the log (no server_args line): simulated with the simulator's default loop"
+    return Inferred(None, how, "guess")

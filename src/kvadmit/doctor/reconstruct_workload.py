@@ -11,6 +11,7 @@ The arithmetic (docs/sglang-rules.md §2–§4):
   retraction freed (#new_tokens_gained) and less what finished requests freed. The requests that
   finished are Δ#running-req + Σ #new-seq − Σ #retracted_reqs. What a finished request freed, on
   average, is its prompt plus its output.
+* The spread of the outputs: lengths.py (a running request is likely a long one).
 * The budget. After a retraction the ratio is (Σ outputs + 20 × n) / (Σ max_new_tokens + 1) over the n
   requests left (§2), and the pool was full when it retracted: Σ outputs ≈ pool − freed − n × prompt,
   which gives the mean max_new_tokens.
@@ -60,12 +61,33 @@ def infer_start(events: list[Decode | Prefill | Retract], pool: int) -> Start | 
     return None
 
 
-def infer_arrivals(events: list[Decode | Prefill | Retract], start: Start, span_s: float) -> Arrivals:
+def refined_times(events: list[Decode | Prefill | Retract], resolution: float) -> list[float]:
+    """Each event's time within its timestamp: lines stamped with the same whole second happened within
+    that second, in the log's order, so the k-th of m gets T + (k + ½) ÷ m (no change at a finer
+    resolution)."""
+    if resolution <= 0:
+        return [e.t for e in events]
+    out: list[float] = []
+    i = 0
+    while i < len(events):
+        j = i
+        while j < len(events) and events[j].t == events[i].t:
+            j += 1
+        m = j - i
+        out += [events[i].t + resolution * (k + 0.5) / m for k in range(m)]
+        i = j
+    return out
+
+
+def infer_arrivals(
+    events: list[Decode | Prefill | Retract], start: Start, span_s: float, resolution: float = 0.0
+) -> Arrivals:
     net = 0  # admitted − retracted since the start
     emitted = 0
-    t_prev = start.t
+    when = refined_times(events, resolution)
+    t_prev = when[0] if when else start.t
     times: list[float] = []
-    for e in events:
+    for e, t in zip(events, when, strict=True):
         if isinstance(e, Retract):
             net -= e.count
             continue
@@ -75,28 +97,51 @@ def infer_arrivals(events: list[Decode | Prefill | Retract], start: Start, span_
             continue
         new = net + (e.queue - start.queue) - emitted
         if new > 0:  # spread evenly over the interval since the last observation
-            gap = e.t - t_prev
-            times += [t_prev + gap * (k + 1) / (new + 1) if gap > 0 else e.t for k in range(new)]
+            gap = t - t_prev
+            times += [t_prev + gap * (k + 1) / (new + 1) if gap > 0 else t for k in range(new)]
             emitted += new
-        t_prev = e.t
-    # While requests arrive: n arrivals span n − 1 gaps (the whole window when there are few, or when
-    # they bunch within a small part of it: timestamps are whole seconds).
-    arriving = times[-1] - times[0] if len(times) >= 3 else 0.0
-    arriving = arriving if arriving >= span_s / 2 else 0.0
-    rate = (len(times) - 1) / arriving if arriving > 0 else (len(times) / span_s if span_s > 0 else 0.0)
-    how = (
-        f"{len(times):,} arrivals over {arriving or span_s:.0f} s: Δ#queue-req + Σ #new-seq − Σ "
-        "#retracted_reqs between batch lines"
-    )
+        t_prev = t
+    rate, over = arrival_rate(times, span_s, resolution)
+    how = f"{over}: Δ#queue-req + Σ #new-seq − Σ #retracted_reqs between batch lines"
     return Arrivals(times, Inferred(rate, how, "estimate" if len(times) >= 3 else "guess"))
 
 
+def arrival_rate(times: list[float], span_s: float, resolution: float) -> tuple[float, str]:
+    """Requests a second while they arrive, and over what. With whole-second stamps, the arrivals within
+    the whole seconds strictly between the first and the last arrival's (where they arrived all second
+    long), so that the partial seconds at either end do not count; otherwise n arrivals span n − 1 gaps.
+    Over the window when there are few, or when they come within a few timestamps."""
+    n = len(times)
+    if resolution >= 1.0 and n >= 3:
+        first, last = int(times[0] // resolution), int(times[-1] // resolution)
+        if last - first >= 3:
+            inside = sum(1 for t in times if first < t // resolution < last)
+            seconds = (last - first - 1) * resolution
+            return (
+                inside / seconds,
+                f"{inside:,} arrivals in the {seconds:.0f} s between the first and the last",
+            )
+    arriving = times[-1] - times[0] if n >= 3 else 0.0
+    if arriving >= 3 * max(resolution, 0.1):
+        return (n - 1) / arriving, f"{n:,} arrivals over {arriving:.0f} s"
+    return (n / span_s if span_s > 0 else 0.0), f"{n:,} arrivals over the {span_s:.0f} s window"
+
+
 def infer_prompt(obs: Observed) -> Inferred[float] | None:
+    """(#new-token + #cached-token) ÷ #new-seq over the Prefill lines, less the re-admissions of retracted
+    requests: each prefills again its prompt and what it had generated, which is what its retraction
+    freed (#new_tokens_gained)."""
     seqs = sum(p.new_seq for p in obs.prefills)
     if seqs == 0:
         return None
     tokens = sum(p.new_token + p.cached for p in obs.prefills)
     how = f"(#new-token + #cached-token) ÷ #new-seq over {len(obs.prefills):,} Prefill lines"
+    retracted = sum(r.count for r in obs.retracts)
+    gained = sum(r.gained for r in obs.retracts if r.gained is not None)
+    counted = sum(r.count for r in obs.retracts if r.gained is not None)
+    if retracted and counted == retracted and seqs - retracted >= 3 and tokens > gained:
+        tokens, seqs = tokens - gained, seqs - retracted
+        how += f", less {retracted:,} re-admitted after retraction (Σ #new_tokens_gained {gained:,})"
     how += f" ({seqs:,} requests)"
     return Inferred(tokens / seqs, how, "estimate" if seqs >= 3 else "guess")
 
@@ -194,10 +239,29 @@ def infer_budget(obs: Observed, pool: int, prompt: float, output: float) -> Infe
     return Inferred(output, "not shown (no retraction): taken as the mean output", "guess")
 
 
+def infer_spread(obs: Observed, prompt: Inferred[float], output: Inferred[float]) -> Inferred[float]:
+    """The output lengths' squared coefficient of variation, from the inspection paradox (lengths.py):
+    the mean output a running request holds, over the Decode lines, against the mean output."""
+    tokens = sum(d.tokens for d in obs.decodes if d.tokens and d.running)
+    running = sum(d.running for d in obs.decodes if d.tokens and d.running)
+    if running == 0 or output.value <= 1:
+        return Inferred(0.0, "no Decode line with #token: every output taken as long as the mean", "guess")
+    age = tokens / running - prompt.value
+    value = max(2.0 * age / output.value - 1.0, 0.0)
+    how = (
+        f"a running request holds {age:,.0f} output tokens on average (Σ #token ÷ Σ #running-req less the "
+        f"prompt) against a mean output of {output.value:,.0f}: CV² = 2 × {age:,.0f} ÷ {output.value:,.0f} "
+        "− 1"
+    )
+    sure = "guess" if "guess" in (prompt.confidence, output.confidence) else "estimate"
+    return Inferred(value, how, sure)
+
+
 def infer_remaining(obs: Observed, interval: int, output: float) -> Inferred[float]:
-    """How many more tokens a running request will generate, on average: the running batch decodes
-    #running-req tokens a step and loses a request per finish, so by Little's law a running request
-    has request-steps decoded ÷ finishes steps left (those running when the log starts may be young)."""
+    """How many more tokens a request running when the window opens will generate, on average: the
+    running batch decodes #running-req tokens a step and loses a request per finish, so at the log's
+    own rate of finishing a running request has request-steps decoded ÷ finishes steps left (in a
+    steady state that is the mean output; in a storm, where few finish, it is longer)."""
     done = finished_context(obs, interval)
     if done is None or done[1] < 3:
         return Inferred(output / 2, "no finishes to tell: half the mean output", "guess")

@@ -19,14 +19,16 @@ import numpy as np
 
 from kvadmit.bench.metrics import RequestOutcome
 from kvadmit.bench.workload import SimRequest, WorkloadSpec
+from kvadmit.doctor.lengths import OutputLengths
 from kvadmit.doctor.observed import Observed, observe_lines
-from kvadmit.doctor.reconstruct import Reconstruction
+from kvadmit.doctor.reconstruct import Reconstruction, lengths
 from kvadmit.observe.loglines import timestamp_prefix
 from kvadmit.sim.replay import Replay
 from kvadmit.sim.run import SimConfig, SimResult, simulate
 
 VOCAB = 32000
 WARMUP_MARGIN_S = 1.0
+REMAINING_CV2 = 1.0 / 12.0  # what running requests have left: uniform on [½, 1½] × its mean
 
 
 @dataclass(slots=True)
@@ -40,33 +42,23 @@ class SimRun:
     outcomes: list[RequestOutcome]  # the requests sent from the window's opening on
 
 
-def _output_lens(n: int, mean: float, budget: int, early: bool, seed: int) -> list[int]:
-    if not early:
-        return [budget] * n
-    # Evenly spread over [mean / 2, 3 × mean / 2] (the mean kept), shuffled, capped at the budget.
-    lens = [min(max(1, round(mean * (0.5 + (k + 0.5) / n))), budget) for k in range(n)]
-    np.random.RandomState(seed).shuffle(lens)
-    return lens
-
-
 def build_replay(rec: Reconstruction, budget: int | None = None) -> tuple[Replay, float]:
     """The requests and their send times (seconds from the simulation's start), and the warm-up's length:
     the window opens that many seconds into the simulation."""
     prompt = max(round(rec.prompt_len.value), 1)
-    asked = budget if budget is not None else max(round(rec.max_new_tokens.value), 1)
-    early = rec.stops_early.value or asked > rec.output_len.value * 1.2
+    dist = lengths(rec, budget)
+    asked = dist.budget
     n_run, n_wait = rec.start.running, rec.start.queue
     n = n_run + n_wait + len(rec.arrivals.times)
-    outs = _output_lens(n, rec.output_len.value, asked, early, seed=1)
+    outs = dist.spread(n, seed=1)
     # The running requests' progress: evenly spread, its mean what the log's #token shows per request;
-    # what each has left spread around the log's remaining output, within the budget. A step's time as
-    # the cost model says.
+    # what each has left spread evenly around the log's remaining output (the rate the window's requests
+    # finished at), within the budget. A step's time as the cost model says.
     step_s = rec.cost.value.decode.seconds(max(n_run, 1), rec.start.tokens)
     held = max(rec.start.tokens / n_run - prompt, 0.0) if n_run else 0.0
     done = [min(round((k + 0.5) / n_run * 2 * held), asked - 1) for k in range(n_run)]
-    left = _output_lens(n_run, rec.remaining_output.value, asked, True, seed=3)
-    for k in range(n_run):
-        outs[k] = max(min(done[k] + left[k], asked), done[k] + 1)
+    left = OutputLengths(rec.remaining_output.value, REMAINING_CV2, asked).spread(n_run, seed=3)
+    outs[:n_run] = [max(min(d + x, asked), d + 1) for d, x in zip(done, left, strict=True)]
     progress = [d * step_s for d in done]
     warmup = (max(progress) if progress else 0.0) + WARMUP_MARGIN_S
     times = [warmup - p for p in progress]
@@ -75,9 +67,14 @@ def build_replay(rec: Reconstruction, budget: int | None = None) -> tuple[Replay
     times += [warmup + (t - t0) for t in rec.arrivals.times]
     offsets = np.random.RandomState(2).randint(0, VOCAB, size=n).tolist()
     order = sorted(range(n), key=lambda i: times[i])
+    # Requests that run to their own max_new_tokens ask for their length (with ignore_eos when they
+    # reserve all of it); the others ask for the common budget and stop early.
+    own = not rec.stops_early.value and budget is None
+    eos = rec.reserves_all.value
     reqs = tuple(
-        SimRequest(j, prompt, outs[i], asked, outs[i], False, offsets[i]) for j, i in enumerate(order)
-    )  # fmt: skip
+        SimRequest(j, prompt, outs[i], outs[i] if own else asked, None if eos else outs[i], eos, offsets[i])
+        for j, i in enumerate(order)
+    )
     arrivals = tuple(times[i] for i in order)
     return Replay(reqs, arrivals, tuple(f"r{j}" for j in range(n))), warmup
 

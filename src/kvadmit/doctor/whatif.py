@@ -10,13 +10,14 @@ from typing import Any
 
 from kvadmit.doctor import model
 from kvadmit.doctor.observed import Observed
-from kvadmit.doctor.reconstruct import Reconstruction
+from kvadmit.doctor.reconstruct import Reconstruction, lengths
 from kvadmit.doctor.resimulate import SimRun, diagnose_lines
 
 RETRACTION_FACTOR = 2.0  # the replay must give retractions per minute within this factor of the log's
 USAGE_TOLERANCE = 0.15  # and token usage within this, on average over the window
 BINS = 10
 RETRACTION_VERDICTS = (model.STORM, model.OCCASIONAL, model.COLLAPSE)
+REALISTIC_BELOW = 0.9  # advise a realistic max_new_tokens when the outputs' p99 is under 90% of the ask
 
 
 @dataclass(slots=True)
@@ -30,6 +31,7 @@ class Stats:
     usage_bins: list[float | None]
     queue_bins: list[float | None]
     points: list[tuple[float, float | None, int | None]]  # (seconds into the window, usage, queue)
+    retracted: int = 0  # requests retracted in the window
 
 
 def _mean(xs: list[float]) -> float | None:
@@ -58,6 +60,7 @@ def window_stats(obs: Observed, t0: float, span_s: float) -> Stats:
         binned([(t, u) for t, u, _ in batch]),
         binned([(t, float(q) if q is not None else None) for t, _, q in batch]),
         [(t - t0, u, q) for t, u, q in batch],
+        retracted,
     )
 
 
@@ -66,6 +69,7 @@ class Scenario:
     label: str  # "--schedule-conservativeness 1.3"
     source: str  # "advice" | "user" | "today"
     overrides: dict[str, Any] = field(default_factory=dict)
+    max_new_tokens: int | None = None  # what every request asks for instead (None: as reconstructed)
 
 
 @dataclass(slots=True)
@@ -111,13 +115,25 @@ def outcome(rec: Reconstruction, scenario: Scenario, sim: SimRun) -> Outcome:
     )
 
 
+def realistic_budget(rec: Reconstruction) -> Scenario | None:
+    """The advice "set realistic max_new_tokens": every request asks for the outputs' p99 (lengths.py)
+    instead of the budget it asked for, when requests stop well short of it."""
+    if not rec.stops_early.value:
+        return None
+    p99 = lengths(rec).p99()
+    if p99 > REALISTIC_BELOW * rec.max_new_tokens.value:  # the outputs' p99 is about what they ask for
+        return None
+    return Scenario(f"max_new_tokens {p99:,} (the outputs' p99)", "advice", max_new_tokens=p99)
+
+
 def advised(rec: Reconstruction, verdict: str) -> list[Scenario]:
     """The doctor's advice, as flag changes (advice.py: raise conservativeness to 1.3, lower the request
-    cap below the running count at the first retraction)."""
+    cap below the running count at the first retraction, ask for realistic max_new_tokens)."""
+    realistic = realistic_budget(rec)
     if verdict not in RETRACTION_VERDICTS:
-        return []
+        return [realistic] if realistic and verdict == model.IDLE_POOL else []
     out = [Scenario("--schedule-conservativeness 1.3", "advice", {"schedule_conservativeness": 1.3})]
     if rec.running_at_first_retraction and rec.running_at_first_retraction > 2:
         cap = int(rec.running_at_first_retraction * 0.85)  # 15% below it
         out.append(Scenario(f"--max-running-requests {cap}", "advice", {"max_running_requests": cap}))
-    return out
+    return out + ([realistic] if realistic else [])

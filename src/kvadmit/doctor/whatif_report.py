@@ -61,6 +61,7 @@ def reconstruction_lines(p: Proof) -> list[str]:
     for name, inf in rec.figures().items():
         v = inf.value
         shown = f"{v:,.1f}" if isinstance(v, float) else (f"{v:,}" if type(v) is int else v)
+        shown = "not shown" if v is None else shown
         out.append(f"  {name.replace('_', ' ')}: {shown} [{inf.confidence}] {inf.how}")
     out.append(f"  cost model [{rec.cost.confidence}]: {rec.cost.how}")
     out.append(

@@ -38,16 +38,19 @@ class TorchExecutor:
         ids: list[int] = []
         positions: list[int] = []
         seqs: list[Sequence] = []
-        for req in batch.reqs:
+        for i, req in enumerate(batch.reqs):
+            kv = req.kv
             if batch.kind == "prefill":
                 begin, end = req.prefix_len, req.fill_len
                 ids += req.fill_ids()[begin:end]
             else:
-                end = len(req.kv)  # the last output token's slot was just allocated
+                if batch.kvs is not None:
+                    kv = batch.kvs[i]  # (a request that ended under the overlap loop gave req.kv away)
+                end = len(kv)  # the last output token's slot was just allocated
                 begin = end - 1
                 ids.append(req.output_ids[-1])
             positions += range(begin, end)
-            seqs.append(Sequence(torch.tensor(req.kv[:end]), end - begin))
+            seqs.append(Sequence(torch.tensor(kv[:end]), end - begin))
         return ForwardBatch.build(torch.tensor(ids), torch.tensor(positions), seqs, self.model.device)
 
     @torch.inference_mode()

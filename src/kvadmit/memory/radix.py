@@ -277,10 +277,12 @@ class RadixCache:
             self._offer(node)
 
     # ----- request hand-offs -----------------------------------------------------------------
-    def cache_unfinished_req(self, req: CachedRequest) -> None:
+    def cache_unfinished_req(self, req: CachedRequest, up_to: int | None = None) -> None:
         """After a prefill step: put the computed prompt (page aligned) in the cache and move the
-        request's lock to it; the request keeps owning its unaligned tail."""
-        kv_len = len(req.kv)
+        request's lock to it; the request keeps owning its unaligned tail. `up_to`: cache only the first
+        so many tokens (the prefill's end: under the overlap loop the request may already hold the slot
+        of its next decode step)."""
+        kv_len = len(req.kv) if up_to is None else up_to
         aligned = kv_len - kv_len % self.page_size
         done = req.cached_len  # the tokens its locked node spells
         tail = _tokens(req, done, aligned)
@@ -343,7 +345,7 @@ class NoPrefixCache(RadixCache):
     def insert(self, key: list[int], value: list[int]) -> int:
         raise RuntimeError("the prefix cache is disabled")
 
-    def cache_unfinished_req(self, req: CachedRequest) -> None:
+    def cache_unfinished_req(self, req: CachedRequest, up_to: int | None = None) -> None:
         """The request keeps all its slots; a chunked prefill continues after them."""
 
     def cache_finished_req(self, req: CachedRequest) -> None:

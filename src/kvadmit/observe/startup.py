@@ -37,3 +37,12 @@ def startup_line(info: StartupInfo) -> str:
         mem_label="available_cpu_mem" if info.device == "cpu" else "available_gpu_mem",
         available_mem=info.available_mem_gb,
     )
+
+
+def loop_line(args: ServerArgs) -> str:
+    """kvadmit's own start-up line: whose rules and which of SGLang's event loops it schedules with."""
+    if args.disable_overlap_schedule:
+        loop = "the non-overlap event loop (--disable-overlap-schedule)"
+    else:
+        loop = "the overlap event loop (SGLang's default; --disable-overlap-schedule for the other)"
+    return f"Scheduling as SGLang {args.profile.name} with {loop}"

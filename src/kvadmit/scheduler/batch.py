@@ -115,17 +115,52 @@ class RunningBatch:
 
     def drop_at(self, positions: list[int]) -> None:
         """Remove the requests at these positions (ascending), taking their terms out of the sums."""
+        gone: set[int] = set()
         for i in reversed(positions):
             req = self.reqs[i]
             self._count(req, -1)
             # kvs[i] is the array it decoded into (a request that ended has a new, empty req.kv)
             self.kv_tokens -= len(self.kvs[i])
             del self.reqs[i], self.outs[i], self.kvs[i]
+            gone.add(id(req))
         if self._above:
-            self._above = [r for r in self._above if r.finished_reason is None]
+            self._above = [r for r in self._above if id(r) not in gone]
 
-    def after_decode_step(self) -> None:
-        """Every request has just got one token: each remainder at or below the clip shrank by one."""
+    def append_output(self, req: Req, token: int) -> None:
+        """A member got an output token outside a decode step (under the overlap loop, the first token
+        of a prefill whose requests were merged before its result came): move its term and due step."""
+        self._count(req, -1)
+        req.output_ids.append(token)
+        self._count(req, +1)
+        left = req.remaining_new_tokens
+        self._push_due(req, left)
+        if left <= self.clip and any(r is req for r in self._above):
+            self._above = [r for r in self._above if r is not req]
+
+    def due_within(self, limit: int) -> list[Req]:
+        """Live members with at most `limit` outputs left (max_new_tokens − outputs ≤ limit), found by
+        walking only the heap entries due within `limit` steps."""
+        bound = self._steps + limit
+        due = self._due
+        found: dict[int, Req] = {}
+        stack = [0] if due else []
+        while stack:
+            i = stack.pop()
+            if i >= len(due) or due[i][0] > bound:
+                continue  # a heap: no entry below this one is due sooner
+            req = due[i][2]
+            if req.finished_reason is None and req.max_new_tokens - len(req.output_ids) <= limit:
+                found[id(req)] = req
+            stack += (2 * i + 1, 2 * i + 2)
+        if not found:
+            return []
+        members = set(map(id, self.reqs))  # entries of requests that left the batch stay in the heap
+        return [r for k, r in found.items() if k in members]
+
+    def after_decode_step(self, not_stepped: list[Req] | None = None) -> None:
+        """Every request has just got one token: each remainder at or below the clip shrank by one.
+        `not_stepped`: members that got none (under the overlap loop, requests that ended while the step
+        was in flight and still wait to be dropped); their terms are put back."""
         above_full = above_ratio = 0
         still_above = []
         for req in self._above:
@@ -141,6 +176,12 @@ class RunningBatch:
         self._sum_full -= self._n_full - above_full
         self._sum_ratio -= len(self.reqs) - self._n_full - above_ratio
         self._steps += 1
+        for req in not_stepped or ():
+            if req.max_new_tokens - len(req.output_ids) <= self.clip:  # it was charged one, wrongly
+                if self._in_full(req):
+                    self._sum_full += 1
+                else:
+                    self._sum_ratio += 1
 
     def reached_length(self) -> list[int]:
         """Indices (ascending) of the live requests that have as many outputs as max_new_tokens allows:
@@ -151,11 +192,16 @@ class RunningBatch:
             req = heapq.heappop(due)[2]
             if req.finished_reason is not None:
                 continue  # it ended (and left the batch, or leaves it at the next pass)
+            try:
+                i = self.reqs.index(req)
+            except ValueError:
+                continue  # it left the batch unfinished (retracted; or, under the overlap loop, dropped
+                # as finishing in the step in flight); rejoining gives it a new entry
             left = req.remaining_new_tokens
             # Due again next step (left ≤ 0) if it is still running then; never earlier than its remainder.
             self._push_due(req, max(left, 1))
             if left <= 0:
-                found.append(self.reqs.index(req))
+                found.append(i)
         return sorted(found)
 
     def fast_reservation(self, ratio: float) -> tuple[float, float]:

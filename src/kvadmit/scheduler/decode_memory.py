@@ -6,6 +6,7 @@ StepResults; the state it reads belongs to Scheduler."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Final
 
 from kvadmit.config import SchedulerKnobs, VersionProfile
 from kvadmit.memory.pool import ReqSlotPool, TokenPool
@@ -23,7 +24,18 @@ from kvadmit.scheduler.retraction import (
     check_decode_mem,
     retract_decode,
 )
-from kvadmit.scheduler.types import EngineCrash
+from kvadmit.scheduler.types import EngineCrash, ScheduledBatch
+
+
+class _DecodeSkipped:
+    """The overlap loop's answer when the next decode step does not fit but requests finishing in the
+    step in flight will free KV: skip decode this pass (no retraction, no ratio decay)."""
+
+    def __repr__(self) -> str:
+        return "DECODE_SKIPPED"
+
+
+DECODE_SKIPPED: Final = _DecodeSkipped()
 
 
 class DecodeMemory:
@@ -42,11 +54,19 @@ class DecodeMemory:
     events: list[Event]
     last_retract_result: RetractResult | None
     _enqueue: Callable[..., bool]  # RequestIntake's: a retracted request waits again
+    in_flight: ScheduledBatch | None
+    _dropped_finishing: list[Req]
 
-    def check_decode_or_retract(self) -> Retraction | None:
+    def check_decode_or_retract(
+        self, finishing_in_flight: bool = False
+    ) -> Retraction | _DecodeSkipped | None:
         """Before a decode step: can every running request get a slot? If not (or when SGLANG_TEST_RETRACT
-        forces it), retract, set the ratio to the post-retraction estimate and return what happened."""
+        forces it), retract, set the ratio to the post-retraction estimate and return what happened.
+        `finishing_in_flight`: requests the batch in flight finishes by length were just taken out; if
+        the rest do not fit, skip decode this pass instead (DECODE_SKIPPED)."""
         memory_ok = check_decode_mem(self.running.reqs, self.cache, self.pool, self.page_size)
+        if not memory_ok and finishing_in_flight:
+            return DECODE_SKIPPED
         forced = (
             memory_ok and self.knobs.test_retract and self.forward_ct % self.knobs.test_retract_interval == 0
         )
@@ -108,3 +128,16 @@ class DecodeMemory:
         """Free a request's own KV (no caching) and its request slot."""
         self.cache.release_req(req)
         self.req_slots.free()
+
+    def _finishing_in_flight(self) -> list[Req]:
+        """Overlap loop (SGLang's `_reqs_finishing_inflight`): running requests in the batch in flight
+        whose result commits their last output by length (len(outputs) + 1 ≥ max_new_tokens, outputs
+        lagging one token). They leave the running batch now and get no decode slot."""
+        self._dropped_finishing = []
+        if self.in_flight is None:
+            return []
+        due = self.running.due_within(1)
+        if due:
+            in_batch = set(map(id, self.in_flight.reqs))
+            self._dropped_finishing = [r for r in due if id(r) in in_batch]
+        return self._dropped_finishing

@@ -30,6 +30,11 @@ class StepResults:
     decode_log_interval: int
     _generated_since_log: int
     _finished_positions: list[int]  # running-batch positions of requests that ended this step
+    _dropped_finishing: list[Req]
+    _finish_count: int
+    _stash_chunk: bool
+    last_batch: ScheduledBatch | None
+    in_flight: ScheduledBatch | None
     _waiting_tokens: int
     _stop_token_union: frozenset[int]
     _abort_rids: set[str]
@@ -46,30 +51,60 @@ class StepResults:
         if len(next_token_ids) != len(batch.reqs):
             raise ValueError(f"expected {len(batch.reqs)} tokens, got {len(next_token_ids)}")
         outcome = StepOutcome()
+        # Under the overlap loop the next pass has run since this batch was scheduled (it merged a
+        # prefill's requests into the running batch, may have retracted or dropped some) and requests
+        # may have ended since (docs/sglang-rules.md A.1).
+        passed = self.last_batch is not batch
+        if self.in_flight is batch:
+            self.in_flight = None
         if batch.kind == "prefill":
-            self._process_prefill(batch, next_token_ids, outcome)
-        else:
+            self._process_prefill(batch, next_token_ids, outcome, merged=passed)
+        elif self.running.reqs == batch.reqs and self._finish_count == batch.finish_stamp:
             self._process_decode(batch, next_token_ids, outcome)
+        else:
+            self._process_decode_lagged(batch, next_token_ids, outcome)
         return outcome
 
-    def _process_prefill(self, batch: ScheduledBatch, tokens: list[int], outcome: StepOutcome) -> None:
+    def _process_prefill(
+        self, batch: ScheduledBatch, tokens: list[int], outcome: StepOutcome, merged: bool
+    ) -> None:
+        running = self.running
+        dropped = self._dropped_finishing if merged else []
         for req, token in zip(batch.reqs, tokens, strict=True):
-            if req is batch.chunked:
-                # A non-final chunk: its sampled token is discarded; cache what it computed.
-                self.cache.cache_unfinished_req(req)
-                if req.abort_requested:
-                    self._finish_chunked_abort(req, outcome)
-                continue
-            self._append_token(req, token, outcome)
-            if not req.finished:
-                self.cache.cache_unfinished_req(req)
+            if req is batch.chunked or _left_in_flight(req):
+                continue  # a non-final chunk (its token is discarded), or retracted or ended meanwhile
+            if merged and not any(r is req for r in dropped):
+                running.append_output(req, token)  # it already sits in the running batch
+            else:
+                req.output_ids.append(token)
+            reason = self._check_finished(req, token)
+            if reason is not None:
+                self._finish(req, reason, outcome)
+                if merged and not any(r is req for r in dropped):
+                    self._finished_positions.append(running.reqs.index(req))
+            else:
+                self.cache.cache_unfinished_req(req, req.fill_len)
         assert batch.stats is not None
         used = self.num_used_tokens()  # the queue and the pool at log time
         self.events.append(batch.stats.at_report(len(self.waiting), used, used / self.max_total_num_tokens))
 
-    def _finish_chunked_abort(self, req: Req, outcome: StepOutcome) -> None:
-        self.chunked_req = None
-        self._finish(req, FinishReason(FinishKind.ABORT, CLIENT_ABORT_MESSAGE, 499), outcome)
+    def _stash_chunked_req(self) -> None:
+        """At the start of a pass SGLang checkpoints the chunk the chunked request computed (its KV goes
+        to the prefix cache, so the next chunk and other requests can match it), or ends the request if
+        the client aborted it (it runs no further chunk)."""
+        req = self.chunked_req
+        if req is None or not self._stash_chunk:
+            return
+        self._stash_chunk = False
+        if req.abort_requested:
+            self.chunked_req = None
+            self._abort_running(req)
+            return
+        self.cache.cache_unfinished_req(req, req.fill_len)
+
+    def _abort_running(self, req: Req) -> None:
+        """End a request the client aborted outside a step's result (the chunked request)."""
+        self._finish(req, FinishReason(FinishKind.ABORT, CLIENT_ABORT_MESSAGE, 499), None)
 
     def _process_decode(self, batch: ScheduledBatch, tokens: list[int], outcome: StepOutcome) -> None:
         # The hot path of a decode step: one token per running request, appended at C speed; the finish
@@ -93,6 +128,39 @@ class StepResults:
             if reason is not None:
                 self._finish(req, reason, outcome)
                 self._finished_positions.append(i)
+        self._after_decode(batch)
+
+    def _process_decode_lagged(self, batch: ScheduledBatch, tokens: list[int], outcome: StepOutcome) -> None:
+        """A decode result under the overlap loop after the running batch changed: some of the batch's
+        requests were retracted, ended or dropped (finishing by length) since it was scheduled. Those
+        retracted or ended get nothing; the running batch is a subset of the batch, and each of its
+        members got a token except the ones that had ended (they wait to be dropped, reservation kept)."""
+        reqs = batch.reqs
+        running = self.running
+        same = running.reqs == reqs
+        live: list[int] = []
+        for i, req in enumerate(reqs):
+            if not _left_in_flight(req):
+                req.output_ids.append(tokens[i])
+                live.append(i)
+        running.after_decode_step(not_stepped=[r for r in running.reqs if r.finished_reason is not None])
+        dropped = set(map(id, self._dropped_finishing))
+        if self.stop_checker is not None:
+            maybe = live
+        else:
+            due = set(map(id, (running.reqs[j] for j in running.reached_length()))) | dropped
+            stops = set(self._stop_positions(tokens))
+            maybe = [i for i in live if i in stops or id(reqs[i]) in due or reqs[i].rid in self._abort_rids]
+        for i in maybe:
+            req = reqs[i]
+            reason = self._check_finished(req, tokens[i])
+            if reason is not None:
+                self._finish(req, reason, outcome)
+                if id(req) not in dropped:
+                    self._finished_positions.append(i if same else running.reqs.index(req))
+        self._after_decode(batch)
+
+    def _after_decode(self, batch: ScheduledBatch) -> None:
         self.forward_ct_decode = (self.forward_ct_decode + 1) % (1 << 30)
         self._generated_since_log += len(batch.reqs)
         if self.forward_ct_decode % self.decode_log_interval == 0:
@@ -144,8 +212,9 @@ class StepResults:
                 return FinishReason(FinishKind.STOP, matched=matched)
         return None
 
-    def _finish(self, req: Req, reason: FinishReason, outcome: StepOutcome) -> None:
+    def _finish(self, req: Req, reason: FinishReason, outcome: StepOutcome | None) -> None:
         req.finished_reason = reason
+        self._finish_count += 1
         self._abort_rids.discard(req.rid)
         if reason.kind is FinishKind.ABORT:
             self.cache.release_req(req)
@@ -153,7 +222,14 @@ class StepResults:
         else:
             self.cache.cache_finished_req(req)
         self.req_slots.free()
-        outcome.finished.append(req)
+        if outcome is not None:
+            outcome.finished.append(req)
+
+
+def _left_in_flight(req: Req) -> bool:
+    """Did the request end, or lose its KV to a retraction, after its batch was scheduled? (A request
+    in a batch holds KV until then.)"""
+    return req.finished_reason is not None or not req.kv
 
 
 def _positions(items: list[int], value: int) -> list[int]:

@@ -1,14 +1,19 @@
 """The scheduler: one pass picks the next batch; the executor runs it; the result updates requests.
 
-This is the thin orchestrator over admission, ratio, retraction and ordering. It reproduces SGLang
-0.5.22's non-overlap event loop (docs/sglang-rules.md §1–§3):
+This is the thin orchestrator over admission, ratio, retraction and ordering. It reproduces SGLang's
+scheduling pass (docs/sglang-rules.md §1–§3) for both of its event loops:
 
-    next_batch():   merge the last prefill batch into the running batch;
+    next_batch():   checkpoint the chunked request; merge the last prefill batch into the running batch;
                     try to form a prefill batch (admission) — prefill has priority;
                     else check decode memory (retracting if needed), decay or reset the ratio,
                     and give the running batch one more slot each;
                     nothing to do: if fully idle, reset the ratio.
     on_batch_done(): append the sampled tokens, finish requests, hand KV to the prefix cache.
+
+The loop is the caller's (engine.py): the non-overlap loop processes each batch's result before the next
+pass; the overlap loop (SGLang's default, docs/sglang-rules.md A.1) runs the next pass while the last
+batch is still `in_flight`. The pass itself only asks whether a batch is in flight: its requests' outputs
+then lag one token, those about to finish still hold their KV and reservation, and a decode pass may skip.
 
 Three mixins hold the rest of its methods, each over the state kept here: intake.py (add_request: the
 output budget granted, rejections; abort_request), decode_memory.py (the decode memory check and
@@ -24,14 +29,15 @@ from collections import deque
 from collections.abc import Callable
 
 from kvadmit.config import ConfigError, ServerArgs, resolve_chunked_prefill_size, resolve_max_running_requests
-from kvadmit.memory.pool import ReqSlotPool, TokenPool, pages_for
+from kvadmit.memory.pool import ReqSlotPool, TokenPool
 from kvadmit.memory.radix import NoPrefixCache, RadixCache
 from kvadmit.request import Req
 from kvadmit.scheduler.admission import AddResult, AdmissionPass, prepare_candidate
 from kvadmit.scheduler.batch import RunningBatch
-from kvadmit.scheduler.decode_memory import DecodeMemory
+from kvadmit.scheduler.decode_memory import DECODE_SKIPPED, DecodeMemory
 from kvadmit.scheduler.events import Event, PrefillBatchStats
 from kvadmit.scheduler.intake import RequestIntake
+from kvadmit.scheduler.invariants import check_invariants
 from kvadmit.scheduler.ordering import QueueOrder
 from kvadmit.scheduler.output_budget import max_request_len
 from kvadmit.scheduler.policy import admission_policy
@@ -100,6 +106,11 @@ class Scheduler(RequestIntake, DecodeMemory, StepResults):
         self.running = self._new_running_batch()
         self.chunked_req: Req | None = None
         self.last_batch: ScheduledBatch | None = None
+        # The last batch handed out whose result is not processed yet (under the overlap loop, while the
+        # next pass runs); None once on_batch_done has taken it.
+        self.in_flight: ScheduledBatch | None = None
+        self._stash_chunk = False  # the chunked request computed a chunk since it was last checkpointed
+        self._finish_count = 0  # requests ended by a result (a stamp: did any end while a batch was out)
         self.forward_ct = 0  # batches launched (prefill and decode)
         self.forward_ct_decode = 0  # decode batches processed (mod 2^30), for the decode log interval
         self._generated_since_log = 0
@@ -107,6 +118,9 @@ class Scheduler(RequestIntake, DecodeMemory, StepResults):
         self.events: list[Event] = []
         self.last_retract_result: RetractResult | None = None
         self._finished_positions: list[int] = []  # running-batch positions of requests that ended
+        # Requests of the batch in flight that its result will finish by length, taken out of the running
+        # batch by the last decode pass (overlap loop only).
+        self._dropped_finishing: list[Req] = []
         self._waiting_tokens = 0  # Σ seqlen over the waiting queue (for #pending-token)
         self._stop_token_union: frozenset[int] = frozenset()  # every stop token id of any request
         self._abort_rids: set[str] = set()  # live requests the client aborted
@@ -125,6 +139,8 @@ class Scheduler(RequestIntake, DecodeMemory, StepResults):
         pass here rather than return None while work is waiting.
         """
         batch = self._one_pass()
+        if batch is None and self.in_flight is not None:
+            return None  # the overlap loop processes the batch in flight before its next pass
         if batch is None and (
             (self.waiting and not self.running.batch_is_full) or self.chunked_req is not None
         ):
@@ -138,19 +154,35 @@ class Scheduler(RequestIntake, DecodeMemory, StepResults):
             self._reject(head, UNSCHEDULABLE_MESSAGE, 400)
             self.running.batch_is_full = False
             batch = self._one_pass()
+        if batch is not None:
+            batch.finish_stamp = self._finish_count
+        self.in_flight = batch
         return batch
 
     def _one_pass(self) -> ScheduledBatch | None:
+        self._dropped_finishing = []
+        self._stash_chunked_req()
         self._merge_last_prefill()
+        if self.profile.filter_finished_every_pass:
+            self._drop_finished()
         batch = self._get_new_prefill_batch()
         if batch is None and self.running.reqs:
             batch = self._update_running_batch()
         if batch is None:
-            self._on_idle()
+            if self.in_flight is None:  # SGLang's overlap loop runs on_idle only with no last batch
+                self._on_idle()
         else:
             self.forward_ct += 1
         self.last_batch = batch
         return batch
+
+    def _drop_finished(self) -> None:
+        """Take the requests that ended out of the running batch (0.5.22: only before a decode step;
+        0.5.23: every pass); a batch that lost any is no longer full."""
+        if self._finished_positions:
+            self.running.drop_at(sorted(set(self._finished_positions)))
+            self._finished_positions = []
+            self.running.batch_is_full = False
 
     def _merge_last_prefill(self) -> None:
         last = self.last_batch
@@ -196,8 +228,16 @@ class Scheduler(RequestIntake, DecodeMemory, StepResults):
         if chunked is not None:
             prepare_candidate(chunked, self.cache, continuing_chunk=True)
             self.chunked_req = adder.add_chunked_req(chunked)
+        profile = self.profile
+        cap = record.allocatable
+        if chunked is not None and profile.credit_held_rows:
+            # 0.5.23 counts the request row the continuing chunk already holds (docs/sglang-rules.md A.2)
+            cap = min(self.max_running_requests - record.running_bs, self.req_slots.available_size() + 1)
         for req in self.waiting:
-            if len(adder.can_run_list) >= record.allocatable:
+            if profile.stop_admission_when_budget_spent and adder.budget_state() is AddResult.OTHER:
+                record.stop_cause = "budget_spent"  # 0.5.23: a resumed chunk spent the pass budget
+                break
+            if len(adder.can_run_list) >= cap:
                 self.running.batch_is_full = True
                 record.stop_cause = "request_cap"
                 break
@@ -231,6 +271,7 @@ class Scheduler(RequestIntake, DecodeMemory, StepResults):
         del self.waiting[:taken]
         if adder.new_chunked_req is not None:
             self.chunked_req = adder.new_chunked_req
+        self._stash_chunk = self.chunked_req is not None
         if self.page_size > 1:  # SGLang evicts for the batch's tokens plus a fresh page per request
             evict_for(self.cache, self.pool, sum([r.fill_len - len(r.kv) + self.page_size for r in admitted]))
         for req in admitted:
@@ -293,13 +334,22 @@ class Scheduler(RequestIntake, DecodeMemory, StepResults):
         running = self.running
         initial_bs = len(running.reqs)
         if self._finished_positions:
-            running.drop_at(self._finished_positions)
+            running.drop_at(sorted(set(self._finished_positions)))
             self._finished_positions = []
+        finishing = self._finishing_in_flight()
+        if finishing:
+            running.drop_at(sorted(map(running.reqs.index, finishing)))
         if not running.reqs:
             running.batch_is_full = False
             return None
 
-        if self.check_decode_or_retract() is None:
+        outcome = self.check_decode_or_retract(finishing_in_flight=bool(finishing))
+        if outcome is DECODE_SKIPPED:
+            # Overlap loop: the result in flight frees the finishing requests' KV; decode the rest on
+            # the next pass rather than retract them (no retraction, no decay).
+            running.batch_is_full = False
+            return None
+        if outcome is None:
             self.ratio.decay_step()
         if len(running.reqs) < initial_bs:
             running.batch_is_full = False
@@ -314,7 +364,9 @@ class Scheduler(RequestIntake, DecodeMemory, StepResults):
             for req in running.reqs:
                 self._alloc_kv(req, 1)
         running.kv_tokens += len(running.reqs)  # one slot each
-        return ScheduledBatch(kind="decode", reqs=list(running.reqs), kv_tokens=running.kv_tokens)
+        return ScheduledBatch(
+            kind="decode", reqs=list(running.reqs), kv_tokens=running.kv_tokens, kvs=list(running.kvs)
+        )
 
     def is_fully_idle(self) -> bool:
         return not self.running.reqs and self.chunked_req is None and not self.waiting
@@ -331,35 +383,5 @@ class Scheduler(RequestIntake, DecodeMemory, StepResults):
         return events
 
     def check_invariants(self) -> None:
-        """docs/architecture.md's pool accounting: free + evictable + locked + held by requests == pool
-        size."""
-        held_pages = 0
-        live = {id(r): r for r in self.running.reqs if not r.finished}
-        if self.chunked_req is not None:
-            live[id(self.chunked_req)] = self.chunked_req
-        if self.last_batch is not None and self.last_batch.kind == "prefill":
-            live.update((id(r), r) for r in self.last_batch.reqs if not r.finished)
-        for req in live.values():
-            own = len(req.kv) - req.cached_len
-            held_pages += pages_for(own, self.pool.page_size)
-        total = (
-            self.pool.available_size()
-            + self.cache.evictable_size()
-            + self.cache.protected_size()
-            + held_pages * self.pool.page_size
-        )
-        if total != self.max_total_num_tokens:
-            raise AssertionError(
-                f"pool accounting broken: free {self.pool.available_size()} + evictable "
-                f"{self.cache.evictable_size()} + locked {self.cache.protected_size()} + held "
-                f"{held_pages * self.pool.page_size} = {total} != {self.max_total_num_tokens}"
-            )
-        if self.running.kv_tokens != sum(map(len, self.running.kvs)):
-            raise AssertionError(f"running KV sum {self.running.kv_tokens} is out of step with the batch")
-        if self._waiting_tokens != sum(r.seqlen for r in self.waiting):
-            raise AssertionError(f"waiting-token count {self._waiting_tokens} is out of step with the queue")
-        if self.req_slots.size - self.req_slots.available_size() != len(live):
-            raise AssertionError(
-                f"request slots: {self.req_slots.size - self.req_slots.available_size()} in use, "
-                f"{len(live)} live requests"
-            )
+        """docs/architecture.md's pool accounting (scheduler/invariants.py)."""
+        check_invariants(self)

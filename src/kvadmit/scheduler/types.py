@@ -4,11 +4,14 @@ messages it ends requests with."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from kvadmit.request import Req
 from kvadmit.scheduler.admission import AddResult, AdmissionPass, Budget
 from kvadmit.scheduler.events import PrefillBatchStats
+
+if TYPE_CHECKING:
+    from array import array
 
 QUEUE_FULL_MESSAGE = "The request queue is full."
 UNSCHEDULABLE_MESSAGE = (
@@ -35,6 +38,10 @@ class ScheduledBatch:
     chunked: Req | None = None  # in a prefill: the request whose prompt is still unfinished after it
     stats: PrefillBatchStats | None = None
     kv_tokens: int = -1  # in a decode: Σ len(kv) over reqs, as the scheduler keeps it (−1: not given)
+    # in a decode: each request's KV slots as scheduled (a request that ends before the batch runs, under
+    # the overlap loop, hands its own list to the cache; the batch still computes its last slot)
+    kvs: list[array[int]] | None = None
+    finish_stamp: int = 0  # the scheduler's count of ended requests when it handed the batch out
 
 
 @dataclass(slots=True)

@@ -5,13 +5,13 @@ unless --tokenizer-path is given). Either way the same scheduler decides everyth
 from __future__ import annotations
 
 import random
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from kvadmit.config import SIMULATED_CONTEXT_LENGTH
 from kvadmit.costmodel.costmodel import CostModel
 from kvadmit.executor.base import Executor, StepResult
+from kvadmit.executor.output_lengths import OutputLengths
 from kvadmit.scheduler.types import ScheduledBatch
 
 SIMULATED_POOL_DEFAULT = 200_000  # tokens, when --simulate runs without --max-total-tokens
@@ -35,13 +35,14 @@ class Backend:
     kv_cache_bytes: int = 0
     simulated: bool = False
     output_lengths: dict[str, int] = field(default_factory=dict)  # simulated: rid → true output length
+    output_distribution: OutputLengths = field(default_factory=lambda: OutputLengths("uniform"))
 
     def plan_output(self, rid: str, max_new_tokens: int, ignore_eos: bool, seed: int | None) -> None:
-        """Simulated requests that may stop early stop at a length drawn uniformly from 1 to their
-        max_new_tokens (as `kvadmit simulate --disable-ignore-eos` draws them by default)."""
+        """Simulated requests that may stop early stop at a length drawn from --simulate-output-len's
+        distribution, by a generator seeded with the request's seed (or its rid)."""
         if self.simulated and not ignore_eos and max_new_tokens > 0:
             rng = random.Random(seed if seed is not None else rid)
-            self.output_lengths[rid] = rng.randint(1, max_new_tokens)
+            self.output_lengths[rid] = self.output_distribution.draw(max_new_tokens, rng)
 
     def keep_logprobs(self, rid: str, top: int) -> None:
         """Keep the log probability of each token this request samples, and of its `top` most likely
@@ -62,7 +63,9 @@ class Backend:
 
 
 class RealTimeSimulatedExecutor:
-    """The simulated executor, but each step takes its predicted time on the wall clock."""
+    """The simulated executor on the wall clock: each step's result is ready its predicted time after
+    its launch. The engine waits for it (engine.py: WallClock.wait_until), so under the overlap loop the
+    scheduler's own work between steps hides behind the step in flight, as on a GPU."""
 
     def __init__(self, cost: CostModel, output_lengths: dict[str, int], eos: int, text_token: int) -> None:
         from kvadmit.executor.simulated import TEXT_TOKEN_ID, SimulatedExecutor
@@ -72,17 +75,17 @@ class RealTimeSimulatedExecutor:
         self.text_token = text_token
 
     def run(self, batch: ScheduledBatch) -> StepResult:
-        start = time.perf_counter()
         result = self.inner.run(batch)
         tokens = [self.text_token if t == self.sim_text else t for t in result.next_token_ids]
-        left = result.seconds - (time.perf_counter() - start)
-        if left > 0:
-            time.sleep(left)
         return StepResult(tokens, result.seconds)
 
 
 def simulated_backend(
-    cost_model: str, tokenizer_path: str | None, max_total_tokens: int | None, context_length: int | None
+    cost_model: str,
+    tokenizer_path: str | None,
+    max_total_tokens: int | None,
+    context_length: int | None,
+    output_distribution: OutputLengths | None = None,
 ) -> Backend:
     from kvadmit.costmodel.costspec import resolve_cost_model
     from kvadmit.model.byte_tokenizer import ByteTokenizer
@@ -111,6 +114,7 @@ def simulated_backend(
         available_mem_gb=0.0,
         simulated=True,
         output_lengths=lengths,
+        output_distribution=output_distribution or OutputLengths("uniform"),
     )
 
 

@@ -17,6 +17,7 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from kvadmit.request import SamplingLimits
 from kvadmit.sampling_params import SamplingParams
@@ -37,6 +38,7 @@ class Finished:
     cached_tokens: int
     first_token_time: float | None = None  # wall clock, taken on the engine thread
     retractions: int = 0  # times the scheduler retracted it
+    times: dict[str, Any] | None = None  # --enable-metrics: SGLang's scheduler time stats (request_times.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +50,7 @@ class Tokens:
     retractions: int
     logprobs: list[float] | None = None  # with return_logprob: the new tokens' log probabilities
     top_logprobs: list[list[tuple[float, int]]] | None = None  # with top_logprobs_num: (logprob, id)s
+    times: dict[str, Any] | None = None  # --enable-metrics: SGLang's scheduler time stats so far
 
 
 class Stream:

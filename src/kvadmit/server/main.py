@@ -21,6 +21,7 @@ from kvadmit.config import ServerArgs
 from kvadmit.errors import UsageError
 
 if TYPE_CHECKING:
+    from kvadmit.executor.output_lengths import OutputLengths
     from kvadmit.server.traces import TraceFile
 
 log = logging.getLogger("kvadmit.server")
@@ -65,12 +66,16 @@ def build_state(ns: argparse.Namespace, args: ServerArgs) -> Any:
     if ns.simulate:
         from kvadmit.costmodel.costmodel import CostModelError
 
+        lengths = _output_lengths(getattr(ns, "simulate_output_len", None))
         try:
             backend = simulated_backend(
-                ns.simulate, ns.tokenizer_path, args.max_total_tokens, args.context_length
+                ns.simulate, ns.tokenizer_path, args.max_total_tokens, args.context_length, lengths
             )
         except CostModelError as e:
             raise UsageError(str(e)) from None
+        log.info(lengths.describe())
+    elif getattr(ns, "simulate_output_len", None) is not None:
+        raise UsageError("--simulate-output-len needs --simulate COST_MODEL (a model ends where it ends)")
     else:
         from kvadmit.model.default import DefaultModelError
         from kvadmit.model.loading import ModelLoadError
@@ -126,6 +131,15 @@ def build_state(ns: argparse.Namespace, args: ServerArgs) -> Any:
     )
     state.load.attach(runner.engine)
     return state
+
+
+def _output_lengths(spec: str | None) -> OutputLengths:
+    from kvadmit.executor.output_lengths import OutputLengthError, OutputLengths, parse_output_lengths
+
+    try:
+        return parse_output_lengths(spec) if spec is not None else OutputLengths("uniform")
+    except OutputLengthError as e:
+        raise UsageError(str(e)) from None
 
 
 def launch_command(argv: list[str]) -> str:

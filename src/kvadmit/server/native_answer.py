@@ -1,11 +1,14 @@
 """How SGLang's /generate answers: one object per prompt (a list for a batch), `text`, `output_ids` and a
 `meta_info` whose fields come in SGLang 0.5.22's order. A stream sends the whole text so far in each event,
-and a stream the engine aborts ends with an ordinary chunk whose finish_reason says so."""
+and a stream the engine aborts ends with an ordinary chunk whose finish_reason says so. A streamed batch
+interleaves its prompts' events, each with its prompt's `index` (last, as SGLang adds it)."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
+from kvadmit.server.request_times import api_side
 from kvadmit.server.session import Delta, Outcome, Session
 from kvadmit.server.sse import sse
 
@@ -29,14 +32,15 @@ def meta_info(
     cached_tokens: int,
     retractions: int,
     logprobs: dict[str, Any] | None = None,
+    times: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The fields SGLang's tokenizer manager puts in every chunk. reasoning_tokens: 0 (no reasoning
     parser here); cached_tokens_details: where the cached prompt tokens came from, null when none were
-    (one tier here: the device's radix cache)."""
+    (one tier here: the device's radix cache); with --enable-metrics the scheduler's time stats."""
     details = {"device": cached_tokens, "host": 0} if cached_tokens > 0 else None
     return {
         "id": rid, "finish_reason": finish, "prompt_tokens": prompt_tokens, "weight_version": WEIGHT_VERSION,
-        "num_retractions": retractions, **(logprobs or {}), "reasoning_tokens": 0,
+        "num_retractions": retractions, **(times or {}), **(logprobs or {}), "reasoning_tokens": 0,
         "completion_tokens": completion_tokens, "cached_tokens": cached_tokens,
         "cached_tokens_details": details,
     }  # fmt: skip
@@ -64,12 +68,22 @@ def logprob_fields(
     return fields
 
 
-def response_of(outcome: Outcome, rid: str, tokenizer: Any = None) -> dict[str, Any]:
+def response_of(
+    outcome: Outcome, rid: str, tokenizer: Any = None, first_sent: float | None = None
+) -> dict[str, Any]:
+    """A request's last answer. `first_sent`: when its first chunk went out (a stream), else None: this
+    answer is its first, and says when it goes out (`response_sent_to_client_ts`, last, as SGLang adds it
+    as it sends)."""
     f = outcome.finished
     lps = logprob_fields(outcome.logprobs, outcome.top_logprobs, outcome.output_ids, tokenizer)
     meta = meta_info(rid, finish_reason(outcome), f.prompt_tokens, f.completion_tokens, f.cached_tokens,
-                     f.retractions, lps)  # fmt: skip
+                     f.retractions, lps, outcome.times)  # fmt: skip
     meta["e2e_latency"] = outcome.e2e_latency
+    if outcome.times is not None and outcome.wall is not None:  # --enable-metrics
+        received, dispatched, first_output, ended = outcome.wall
+        meta.update(api_side(received, dispatched, first_output, first_sent, ended, f.completion_tokens))
+    if first_sent is None:
+        meta["response_sent_to_client_ts"] = time.time()
     return {"text": outcome.text, "output_ids": outcome.output_ids, "meta_info": meta}
 
 
@@ -80,8 +94,9 @@ class NativeAnswer:
 
     def __init__(self, single: bool, logprob_tokenizer: Any = None) -> None:
         self.single = single
-        self.text = ""  # the streamed text so far
+        self.texts: dict[str, str] = {}  # rid → the text streamed so far
         self.tokenizer = logprob_tokenizer  # return_text_in_logprobs: what decodes each token's text
+        self.first_sent: dict[str, float] = {}  # rid → when its first chunk went out
 
     def refuses(self, outcome: Outcome) -> bool:
         return outcome.finished.kind == "abort" and not outcome.output_ids
@@ -94,14 +109,23 @@ class NativeAnswer:
         return []
 
     def delta(self, session: Session, delta: Delta) -> bytes | None:
-        self.text += delta.text
+        rid = session.rid
+        text = self.texts[rid] = self.texts.get(rid, "") + delta.text
         lps = logprob_fields(session.logprobs, session.top_logprobs, session.output_ids, self.tokenizer)
-        meta = meta_info(session.rid, None, len(session.input_ids), len(session.output_ids),
-                         session.cached_tokens, session.retractions, lps)  # fmt: skip
-        return sse({"text": self.text, "output_ids": list(session.output_ids), "meta_info": meta})
+        meta = meta_info(rid, None, len(session.input_ids), len(session.output_ids),
+                         session.cached_tokens, session.retractions, lps, session.times)  # fmt: skip
+        if rid not in self.first_sent:  # SGLang stamps the first chunk it sends
+            self.first_sent[rid] = meta["response_sent_to_client_ts"] = time.time()
+        return self._event({"text": text, "output_ids": list(session.output_ids), "meta_info": meta}, session)
 
     def closing(self, session: Session, outcome: Outcome) -> list[bytes]:
-        return [sse(response_of(outcome, session.rid, self.tokenizer))]
+        first = self.first_sent.get(session.rid)
+        return [self._event(response_of(outcome, session.rid, self.tokenizer, first), session)]
 
     def aborted(self, session: Session, outcome: Outcome) -> list[bytes]:
-        return [sse(response_of(outcome, session.rid, self.tokenizer))]
+        return self.closing(session, outcome)
+
+    def _event(self, obj: dict[str, Any], session: Session) -> bytes:
+        if not self.single:
+            obj["index"] = session.index
+        return sse(obj)

@@ -129,8 +129,6 @@ def _generate_route(r: APIRouter, state: ServerState) -> None:
         prompts, single = await prompts_of(body)
         samplings = per_prompt_sampling(body.sampling_params, len(prompts))
         samplings = with_logprobs(state, body, samplings)
-        if body.stream and not single:
-            raise APIError("streaming takes one prompt; send a batch without stream", param="stream")
         for ids, sampling in zip(prompts, samplings, strict=True):
             state.check_lengths(len(ids), sampling.limits.requested_max_new_tokens, "max_new_tokens")
         rids = per_prompt_rids(body.rid, len(prompts), single)

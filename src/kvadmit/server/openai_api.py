@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse, Response
 from kvadmit.request import SamplingLimits
 from kvadmit.sampling_params import SamplingParams
 from kvadmit.server.errors import APIError
+from kvadmit.server.openai_logprobs import chat_asked, chat_logprobs, completion_asked, completion_logprobs
 from kvadmit.server.protocol import ChatBody, CompletionBody, _OpenAIBody, sampling_from, stop_list
 from kvadmit.server.request_path import Sampling, Submission, Usage, answer
 from kvadmit.server.session import Delta, Outcome, Session
@@ -57,11 +58,16 @@ class OpenAIAnswer:
     then one with the finish reason (and, when asked, one with the usage). With stream_options'
     continuous_usage_stats, every chunk after the role's carries the usage so far, as SGLang's do."""
 
-    def __init__(self, chat: bool, model: str, include_usage: bool, continuous_usage: bool = False) -> None:
+    def __init__(
+        self, chat: bool, model: str, include_usage: bool, continuous_usage: bool = False,
+        logprob_tokenizer: Any = None,
+    ) -> None:  # fmt: skip
         self.chat = chat
         self.model = model
         self.include_usage = include_usage
         self.continuous_usage = continuous_usage
+        self.tokenizer = logprob_tokenizer  # given when the request asked for logprobs
+        self.logprobs_sent = 0  # a stream's tokens whose logprobs went out
         self.created = int(time.time())
         self.rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
 
@@ -80,9 +86,11 @@ class OpenAIAnswer:
                                       "matched_stop": o.finished.matched}  # fmt: skip
             if self.chat:
                 choice["message"] = {"role": "assistant", "content": o.text}
+                if self.tokenizer is not None:
+                    choice["logprobs"] = self._logprobs(o.logprobs, o.top_logprobs, o.output_ids, 0)
             else:
                 choice["text"] = o.text
-                choice["logprobs"] = None
+                choice["logprobs"] = self._logprobs(o.logprobs, o.top_logprobs, o.output_ids, 0)
             choices.append(choice)
         obj = "chat.completion" if self.chat else "text_completion"
         return {"id": self.rid, "object": obj, "created": self.created, "model": self.model,
@@ -95,18 +103,40 @@ class OpenAIAnswer:
         if not delta.text:
             return None
         so_far = Usage(len(session.input_ids), len(session.output_ids), session.cached_tokens)
-        return self._chunk(delta.text, None, usage=self._running(so_far))
+        lps = self._new_logprobs(session.logprobs, session.top_logprobs, session.output_ids)
+        return self._chunk(delta.text, None, usage=self._running(so_far), **lps)
 
     def closing(self, session: Session, outcome: Outcome) -> list[bytes]:
         out = []
         usage = Usage.of([outcome])
+        lps = self._new_logprobs(outcome.logprobs, outcome.top_logprobs, outcome.output_ids)
         if outcome.final_delta:
-            out.append(self._chunk(outcome.final_delta, None, usage=self._running(usage)))
+            out.append(self._chunk(outcome.final_delta, None, usage=self._running(usage), **lps))
+            lps = {}
         out.append(self._chunk(None if self.chat else "", _finish_reason(outcome), usage=self._running(usage),
-                               matched_stop=outcome.finished.matched))  # fmt: skip
+                               matched_stop=outcome.finished.matched, **lps))  # fmt: skip
         if self.include_usage:
             out.append(self._sse(choices=[], usage=_usage(usage)))
         return out
+
+    def _logprobs(
+        self, lps: list[float] | None, tops: list[list[tuple[float, int]]] | None, ids: list[int], start: int
+    ) -> dict[str, Any] | None:
+        """The tokens' logprobs from `start` on, in this route's shape; None when not asked for."""
+        if self.tokenizer is None or lps is None:
+            return None
+        build = chat_logprobs if self.chat else completion_logprobs
+        return build(lps[start:], None if tops is None else tops[start:], ids[start:], self.tokenizer)
+
+    def _new_logprobs(
+        self, lps: list[float] | None, tops: list[list[tuple[float, int]]] | None, ids: list[int]
+    ) -> dict[str, Any]:
+        """A stream chunk's `logprobs`: the tokens' since the last chunk that carried some."""
+        got = self._logprobs(lps, tops, ids, self.logprobs_sent)
+        if got is None or lps is None:
+            return {}
+        self.logprobs_sent = len(lps)
+        return {"logprobs": got}
 
     def _running(self, usage: Usage) -> dict[str, Any] | None:
         """A chunk's usage: the counts so far with continuous_usage_stats, else none."""
@@ -141,12 +171,17 @@ def _submission(
     """The checks every OpenAI generating route makes, in their order."""
     state.check_accepting()
     limits, params = _sampling(body, max_new, max_field)
+    simulated = state.runner.backend.simulated
+    if isinstance(body, ChatBody):
+        return_logprob, top = chat_asked(body.logprobs, body.top_logprobs, simulated)
+    else:
+        return_logprob, top = completion_asked(getattr(body, "logprobs", None), simulated)
     stops = stop_list(body.stop, "stop")
     for ids in prompts:
         state.check_lengths(len(ids), max_new, max_field)
     if body.stream and len(prompts) != 1:
         raise APIError("streaming takes one prompt; send several without stream", param="prompt")
-    sampling = Sampling(limits, params, stops, body.skip_special_tokens)
+    sampling = Sampling(limits, params, stops, body.skip_special_tokens, return_logprob, return_logprob, top)
     return Submission(prompts, [sampling] * len(prompts), body.stream, [None] * len(prompts))
 
 
@@ -192,7 +227,9 @@ def _completion_routes(r: APIRouter, state: ServerState) -> None:
         options = body.stream_options
         include_usage = bool(options and options.include_usage)
         continuous = bool(options and options.continuous_usage_stats)
-        form = OpenAIAnswer(chat, body.model or state.served_model_name, include_usage, continuous)
+        asked = submission.samplings[0].return_logprob
+        form = OpenAIAnswer(chat, body.model or state.served_model_name, include_usage, continuous,
+                            state.tokenizer if asked else None)  # fmt: skip
         return await answer(state, request, submission, form)
 
     @r.post("/v1/completions")

@@ -65,6 +65,7 @@ class CompletionBody(_OpenAIBody):
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int | None = 16
     echo: bool = False
+    logprobs: int | None = None  # each token's log probability and its N most likely alternatives'
 
 
 class ChatMessage(_Body):
@@ -76,6 +77,8 @@ class ChatBody(_OpenAIBody):
     messages: list[ChatMessage]
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
+    logprobs: bool = False  # each output token's log probability
+    top_logprobs: int | None = None  # with logprobs: its N most likely alternatives'
 
 
 class AbortBody(_Body):

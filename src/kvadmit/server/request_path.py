@@ -46,7 +46,7 @@ class Submission:
 
     prompts: list[list[int]]
     samplings: list[Sampling]  # one per prompt
-    stream: bool  # a streaming request has exactly one prompt (its API checked)
+    stream: bool  # a streaming batch (/generate only) interleaves its prompts' events
     rids: list[str | None]  # one per prompt; None: a fresh id
 
 
@@ -102,6 +102,10 @@ class AnswerForm(Protocol):
 async def answer(state: ServerState, request: Request, sub: Submission, form: AnswerForm) -> Response:
     triples = zip(sub.prompts, sub.samplings, sub.rids, strict=True)
     sessions = [_session(state, request, sub.stream, ids, sampling, rid) for ids, sampling, rid in triples]
+    for i, s in enumerate(sessions):
+        s.index = i
+    if sub.stream and len(sessions) > 1:
+        return stream_response(_interleaved(form, sessions), sessions)
     if not sub.stream:
         outcomes = await asyncio.gather(*(s.result() for s in sessions))
         for o in outcomes:
@@ -132,6 +136,52 @@ async def _events(
 ) -> AsyncIterator[bytes]:
     for chunk in form.opening():
         yield chunk
+    async for chunk in _session_events(form, session, events, first):
+        yield chunk
+    yield DONE
+
+
+async def _interleaved(form: AnswerForm, sessions: list[Session]) -> AsyncIterator[bytes]:
+    """A streamed batch, as SGLang streams one: each prompt's events as they come, whichever prompt they
+    belong to (the form marks each with its prompt's index), then one [DONE]."""
+
+    async def one(session: Session) -> AsyncIterator[bytes]:
+        events = session.events()
+        async for chunk in _session_events(form, session, events, await anext(events, None)):
+            yield chunk
+
+    async def following(gen: AsyncIterator[bytes]) -> bytes | None:
+        return await anext(gen, None)
+
+    for chunk in form.opening():
+        yield chunk
+    gens = [one(s) for s in sessions]
+    pending = {asyncio.ensure_future(following(g)): g for g in gens}
+    try:
+        while pending:
+            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                gen = pending.pop(task)
+                chunk = task.result()
+                if chunk is not None:
+                    yield chunk
+                    pending[asyncio.ensure_future(following(gen))] = gen
+    finally:
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        for gen in gens:
+            await gen.aclose()  # type: ignore[attr-defined]
+    yield DONE
+
+
+async def _session_events(
+    form: AnswerForm,
+    session: Session,
+    events: AsyncIterator[Delta | Outcome],
+    first: Delta | Outcome | None,
+) -> AsyncIterator[bytes]:
+    """One request's events until its end (no opening, no [DONE])."""
     item = first
     while item is not None:
         if isinstance(item, Delta):
@@ -147,4 +197,3 @@ async def _events(
                     yield chunk
             break
         item = await anext(events, None)
-    yield DONE

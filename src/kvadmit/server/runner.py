@@ -31,6 +31,7 @@ from kvadmit.scheduler.types import ScheduledBatch
 from kvadmit.server.backend import Backend
 from kvadmit.server.channels import Finished, Job, Mailbox, Outbox, Tokens
 from kvadmit.server.metrics import ServerMetrics
+from kvadmit.server.request_times import RequestTimes
 from kvadmit.server.traces import TraceFile
 from kvadmit.stop_strings import StopStringWatch
 
@@ -93,10 +94,12 @@ class EngineRunner:
             device = "cpu" if backend.device == "cpu" else "cuda"
             writer.handle(startup_info(self.scheduler, args, backend.available_mem_gb, device), time.time())
         step_observers = []
+        self.times: RequestTimes | None = None  # --enable-metrics: meta_info's time stats
         if metrics is not None:
             metrics.attach(self.scheduler)
-            observers.append(metrics.on_event)
-            step_observers.append(metrics.on_step)
+            self.times = RequestTimes()
+            observers += [metrics.on_event, self.times.on_event]
+            step_observers += [metrics.on_step, self.times.on_step]
         if step_trace is not None:
             step_observers.append(self._note_step)
         self._step_row: dict[str, object] | None = None  # the step that ran, its times still to come
@@ -193,7 +196,8 @@ class EngineRunner:
                     self._idle_published = False
                     self._outbox.flush()
                     self.last_progress = time.monotonic()
-                    if self.step_trace is not None:
+                    if self.step_trace is not None and self._step_row is not None:
+                        # (under the overlap loop a step that only launched a batch processed none)
                         self._trace_step(begun, self.last_progress)
                     continue
                 self._idle = True
@@ -237,8 +241,9 @@ class EngineRunner:
         if job.stop:
             live.stop_watch = StopStringWatch(self.backend.tokenizer, job.stop)
         self._live[job.rid] = live
-        if self.metrics is not None:
+        if self.metrics is not None and self.times is not None:
             self.metrics.on_arrival(job.rid, time.time())
+            self.times.arrived(job.rid, time.time())
         if job.return_logprob:
             self.backend.keep_logprobs(job.rid, job.top_logprobs_num)
         if self.engine.submit(req):  # a rejection ends it at once, through on_finish
@@ -297,12 +302,13 @@ class EngineRunner:
         """The request's tokens not sent yet (with their log probabilities when it asked for them)."""
         req, sent = live.req, live.sent
         ids = req.output_ids[sent:]
+        times = self.times.meta(req.rid) if self.times is not None else None
         if not live.job.return_logprob:
-            return Tokens(ids, req.cached_tokens, req.retraction_count)
+            return Tokens(ids, req.cached_tokens, req.retraction_count, times=times)
         lps, tops = self.backend.logprobs(req.rid)
         end = len(req.output_ids)
         top = tops[sent:end] if live.job.top_logprobs_num else None
-        return Tokens(ids, req.cached_tokens, req.retraction_count, lps[sent:end], top)
+        return Tokens(ids, req.cached_tokens, req.retraction_count, lps[sent:end], top, times)
 
     def _finished(self, req: Req, end: tuple[str, int | str | None, str, int]) -> Finished:
         kind, matched, message, status = end
@@ -310,6 +316,7 @@ class EngineRunner:
         return Finished(
             kind, matched, message, status, len(req.origin_input_ids), len(req.output_ids), req.cached_tokens,
             live.first_token_time if live is not None else None, req.retraction_count,
+            self.times.meta(req.rid) if self.times is not None else None,
         )  # fmt: skip
 
     def _end(self, live: _Live, finished: Finished) -> None:
@@ -318,8 +325,9 @@ class EngineRunner:
             raise AssertionError(f"request {rid} would be answered twice")
         self.answered += 1
         self.backend.forget(rid)
-        if self.metrics is not None:
+        if self.metrics is not None and self.times is not None:
             self.metrics.forget(rid)
+            self.times.forget(rid)
         self._outbox.put(live.job.stream, finished)
         if self.request_trace is not None:
             self._trace_request(live, finished)

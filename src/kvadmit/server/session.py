@@ -37,6 +37,10 @@ class Outcome:
     logprobs: list[float] | None = None  # with return_logprob: one per output token
     top_logprobs: list[list[tuple[float, int]]] | None = None  # with top_logprobs_num: one per output token
     extra: dict[str, Any] = field(default_factory=dict)
+    times: dict[str, Any] | None = None  # --enable-metrics: the scheduler's time stats at the end
+    # --enable-metrics: wall clock when it was received, handed to the scheduler, first produced output,
+    # and ended (what request_times.api_side turns into SGLang's fields)
+    wall: tuple[float, float, float | None, float] | None = None
 
 
 class TextAssembler:
@@ -88,6 +92,7 @@ class Session:
 
         self.runner = runner
         self.rid = rid or uuid.uuid4().hex
+        self.index = 0  # its prompt's place in a batch
         self.input_ids = input_ids
         self.streaming = streaming
         self.is_disconnected = is_disconnected
@@ -103,6 +108,9 @@ class Session:
         self.top_logprobs: list[list[tuple[float, int]]] | None = [] if top_logprobs_num else None
         self.start = time.perf_counter()
         self.start_wall = time.time()
+        self.dispatched_wall = self.start_wall  # when the job was handed to the engine thread
+        self.first_output_wall: float | None = None  # when its first tokens reached this handler
+        self.times: dict[str, Any] | None = None  # --enable-metrics: the scheduler's time stats so far
         self.ttft: float | None = None
         self._last_token_at: float | None = None
         self._itls: list[float] = []
@@ -114,6 +122,7 @@ class Session:
         """Deltas as tokens arrive, then the Outcome. If the consumer stops early (the client went away)
         or the client disconnects while waiting, the request is aborted in the engine."""
         self.runner.submit(self.job)
+        self.dispatched_wall = time.time()
         try:
             while True:
                 item = await self.stream.get(POLL_S)
@@ -138,6 +147,9 @@ class Session:
             self.close()
 
     def _progress(self, tokens: Tokens) -> None:
+        if self.first_output_wall is None:
+            self.first_output_wall = time.time()
+        self.times = tokens.times
         self.output_ids.extend(tokens.ids)
         self.cached_tokens = tokens.cached_tokens
         self.retractions = tokens.retractions
@@ -172,7 +184,12 @@ class Session:
         )
         logprobs = None if self.logprobs is None else list(self.logprobs)
         tops = None if self.top_logprobs is None else list(self.top_logprobs)
-        return Outcome(finished, text, list(self.output_ids), e2e, self.ttft, rest, logprobs, tops)
+        # SGLang takes the scheduler's first-token time when it has one (a non-streaming request's tokens
+        # reach the handler only with its end), else when the first output arrived
+        first = finished.first_token_time if finished.first_token_time is not None else self.first_output_wall
+        wall = (self.start_wall, self.dispatched_wall, first, time.time())
+        return Outcome(finished, text, list(self.output_ids), e2e, self.ttft, rest, logprobs, tops,
+                       times=finished.times, wall=wall)  # fmt: skip
 
     def _record(self, *, aborted: bool, completion_tokens: int, cached: int) -> None:
         metrics = self.runner.metrics

@@ -39,26 +39,30 @@ class SessionStream(StreamingResponse):
     connection's disconnect while tokens stream; a stream that never waits would otherwise only
     notice at its end), and however else the response ends."""
 
-    def __init__(self, body: AsyncIterator[bytes], session: Session) -> None:
+    def __init__(self, body: AsyncIterator[bytes], sessions: list[Session]) -> None:
         super().__init__(body, media_type="text/event-stream")
-        self.session = session
+        self.sessions = sessions  # one per prompt of the request
+
+    def close(self) -> None:
+        for session in self.sessions:
+            session.close()
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         async def watch() -> None:
             while (await receive())["type"] != "http.disconnect":
                 pass
-            self.session.close()
+            self.close()
 
         watcher = asyncio.create_task(watch())
         try:
             await super().__call__(scope, receive, send)
         finally:
             watcher.cancel()
-            self.session.close()
+            self.close()
 
 
-def stream_response(body: AsyncIterator[bytes], session: Session) -> StreamingResponse:
-    return SessionStream(body, session)
+def stream_response(body: AsyncIterator[bytes], session: Session | list[Session]) -> StreamingResponse:
+    return SessionStream(body, session if isinstance(session, list) else [session])
 
 
 def abort_event(outcome: Outcome) -> bytes:

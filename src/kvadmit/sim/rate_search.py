@@ -9,9 +9,12 @@ highest rate seen to meet the target (so the search never reports a rate it did 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from kvadmit.sim.run import SimConfig, simulate
+from kvadmit.sim.run import SimConfig, SimResult, simulate
+
+Run = Callable[[SimConfig], SimResult]
 
 STATISTICS = {"p50": "median", "median": "median", "p90": "p90", "p95": "p95", "p99": "p99", "mean": "mean"}
 
@@ -45,8 +48,8 @@ class RateSearch:
     probes: tuple[Probe, ...] = field(default=())
 
 
-def probe(cfg: SimConfig, rate: float, target: Target) -> Probe:
-    result = simulate(replace(cfg, request_rate=rate))
+def judge(result: SimResult, target: Target) -> tuple[bool, float, float]:
+    """(whether the run meets the target, its TTFT and TPOT statistic in ms)."""
     m = result.metrics
     key = STATISTICS[target.statistic]
     ttft, tpot = m.ttft_ms[key], m.tpot_ms[key]
@@ -55,6 +58,11 @@ def probe(cfg: SimConfig, rate: float, target: Target) -> Probe:
         ok = ok and ttft <= target.ttft_ms
     if target.tpot_ms is not None:
         ok = ok and tpot <= target.tpot_ms
+    return ok, ttft, tpot
+
+
+def probe(cfg: SimConfig, rate: float, target: Target, run: Run = simulate) -> Probe:
+    ok, ttft, tpot = judge(run(replace(cfg, request_rate=rate)), target)
     return Probe(rate, ok, ttft, tpot)
 
 
@@ -65,11 +73,13 @@ def search_max_rate(
     rel_tol: float = 0.02,
     lowest: float = 1e-3,
     highest: float = 1e6,
+    run: Run = simulate,
 ) -> RateSearch:
+    """`run` simulates one probe (default: one server; a fleet's FleetSpec.simulate for a fleet)."""
     probes: list[Probe] = []
 
     def test(rate: float) -> bool:
-        p = probe(cfg, rate, target)
+        p = probe(cfg, rate, target, run)
         probes.append(p)
         return p.meets
 

@@ -14,21 +14,29 @@ import os
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
 from kvadmit.engine import StepObserver
 from kvadmit.executor.base import StepResult
 from kvadmit.scheduler.types import ScheduledBatch
-from kvadmit.sim.run import SimConfig, simulate
+from kvadmit.sim.run import SimConfig, SimResult, simulate
 
 Settings = dict[str, object]
+
+
+class FleetRunner(Protocol):
+    """Runs a point as a fleet of replicas (kvadmit.fleet.driver.FleetSpec), one result over all requests."""
+
+    def simulate(self, cfg: SimConfig, watch_steps: tuple[StepObserver, ...] = ()) -> SimResult: ...
 
 
 @dataclass(frozen=True, slots=True)
 class SweepPoint:
     settings: Settings
     cfg: SimConfig
+    fleet: FleetRunner | None = None  # None: one server
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +103,10 @@ def run_point(point: SweepPoint) -> PointResult:
     watch = _Watch()
     steps: tuple[StepObserver, ...] = (watch,)
     t0 = time.perf_counter()
-    result = simulate(point.cfg, watch_steps=steps)
+    if point.fleet is None:
+        result = simulate(point.cfg, watch_steps=steps)
+    else:
+        result = point.fleet.simulate(point.cfg, steps)
     wall = time.perf_counter() - t0
     m = result.metrics
     queue = []

@@ -1,0 +1,205 @@
+"""The simulated router against the real ones: N `kvadmit serve --simulate` workers behind sglang-router
+0.3.2 and smg 1.13.0 (each configuration run --repeats times, for the real runs' own spread), and
+`kvadmit simulate --replicas N --router POLICY` on the same requests (benchmarks/fleet_workload.py).
+
+The simulation gets the HTTP path's time as --request-latency-ms: the median TTFT of a few requests sent
+one at a time to the idle workers through the router, measured first. Per worker: requests served (from
+the workers' --trace-requests), peak queue (the largest #queue-req of
+its log, --decode-log-interval 1) and TTFT median (the client's, of that worker's requests). Under
+round_robin the counts must be identical; under cache_aware and power_of_two workers are listed by how many
+requests they served (which one gets most is a draw), and the simulated value is compared with the real
+runs' range. The routers poll loads every second (the tests' setting; sglang-router's default is 30 s).
+Needs the fleet extra (`make test-fleet` installs it).
+
+    usage: python benchmarks/fleet_fidelity.py [--workers 2] [--requests 120] [--repeats 3]
+                                               [--output FILE | -]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import itertools
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+import httpx
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "tests" / "fleet"))
+
+from fleet_helpers import running_router, start_worker, wait_idle, wait_worker  # noqa: E402
+
+from fleet_workload import (  # noqa: E402
+    QUEUE,
+    WorkerResult,
+    idle_ttft_ms,
+    make_stream,
+    send_stream,
+    served_from_trace,
+    simulated,
+)
+from kvadmit.config import ServerArgs  # noqa: E402
+from machine import cpu_model, publish  # noqa: E402
+
+
+def steps_file(log: Path) -> Path:
+    return log.with_suffix(".steps.jsonl")
+
+
+def tail(path: Path, start: int) -> list[str]:
+    with path.open("rb") as f:
+        f.seek(start)
+        return f.read().decode(errors="replace").splitlines()
+
+
+STEPS: list[float] = []  # every real decode cycle (ms), from the workers' --trace-steps
+
+
+def decode_cycles_ms(lines: list[str]) -> list[float]:
+    """The time from one decode step's end to the next's, where two decode steps follow each other within
+    a second (--trace-steps' t): the step and whatever the server did between two steps, in ms."""
+    rows = [json.loads(line) for line in lines]
+    return [1000 * (b["t"] - a["t"]) for a, b in itertools.pairwise(rows)
+            if a["kind"] == b["kind"] == "decode" and 0 < b["t"] - a["t"] < 1.0]  # fmt: skip
+
+
+def real_run(router: str, policy: str, workers: list, files: list[tuple[Path, Path]], stream, folder: Path):  # type: ignore[no-untyped-def]
+    for w in workers:
+        httpx.post(f"{w.url}/flush_cache", timeout=10)
+    wait_idle(workers)
+    marks = [(log.stat().st_size, trace.stat().st_size) for log, trace in files]
+    step_marks = [steps_file(log).stat().st_size for log, _ in files]
+    with running_router(router, workers, policy, folder) as r:
+        ttfts = send_stream(r.url, stream)
+    wait_idle(workers)
+    out = []
+    for (log, trace), (log_at, trace_at), steps_at in zip(files, marks, step_marks, strict=True):
+        served = served_from_trace(tail(trace, trace_at))
+        lines = tail(log, log_at)
+        STEPS.extend(decode_cycles_ms(tail(steps_file(log), steps_at)))
+        queues = [int(m.group(1)) for line in lines for m in [QUEUE.search(line)] if m]
+        mine = [ttfts[i] for i in served]
+        out.append(WorkerResult(served, max(queues, default=0), statistics.median(mine) if mine else 0.0))
+    return out
+
+
+def ranked(results: list[WorkerResult], by_index: bool) -> list[WorkerResult]:
+    return results if by_index else sorted(results, key=lambda w: -len(w.served))
+
+
+def span(values: list[float], fmt: str) -> str:
+    lo, hi = min(values), max(values)
+    return format(lo, fmt) if lo == hi else f"{format(lo, fmt)}–{format(hi, fmt)}"
+
+
+def table_rows(
+    policy: str, router: str, runs: list[list[WorkerResult]], nominal: list[WorkerResult],
+    fitted: list[WorkerResult],
+) -> list[str]:  # fmt: skip
+    """One row per worker: round_robin by worker index, the others by requests served (most first)."""
+    by_index = policy == "round_robin"
+    nominal, fitted = ranked(nominal, by_index), ranked(fitted, by_index)
+    runs = [ranked(run, by_index) for run in runs]
+    out = []
+    for k in range(len(nominal)):
+        counts = [len(run[k].served) for run in runs]
+        queues = [run[k].peak_queue for run in runs]
+        ttft = [run[k].ttft_p50_ms for run in runs]
+        a, b = nominal[k], fitted[k]
+        pairs = ((len(b.served), counts), (b.peak_queue, queues), (b.ttft_p50_ms, ttft))
+        inside = [min(v) <= x <= max(v) for x, v in pairs]
+        verdict = ", ".join(n for n, i in zip(("count", "queue", "TTFT"), inside, strict=True) if i) or "—"
+        label = f"DP{k}" if by_index else f"#{k + 1}"
+        out.append(
+            f"| {policy} | {router} | {label} | {len(a.served)} / {span(counts, 'd')} | "
+            f"{a.peak_queue} / {b.peak_queue} / {span(queues, 'd')} | "
+            f"{a.ttft_p50_ms:,.0f} / {b.ttft_p50_ms:,.0f} / {span(ttft, ',.0f')} | {verdict} |"
+        )
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--requests", type=int, default=120)
+    ap.add_argument("--rate", type=float, default=10.0)
+    ap.add_argument("--max-tokens", type=int, default=40)
+    ap.add_argument("--decode-ms", type=float, default=20.0)
+    ap.add_argument("--max-running", type=int, default=4)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--routers", default="sglang-router,smg")
+    ap.add_argument("--policies", default="round_robin,cache_aware,power_of_two")
+    ap.add_argument("--output", default=str(HERE / "fleet_fidelity.txt"))
+    ns = ap.parse_args()
+    stream = make_stream(ns.requests, ns.rate, ns.max_tokens)
+    args = ServerArgs(max_total_tokens=20000, max_running_requests=ns.max_running, decode_log_interval=1)
+    folder = Path(tempfile.mkdtemp(prefix="fleet-fidelity-"))
+    cost = folder / "cost.json"
+    cost.write_text(json.dumps({"decode": {"base_ms": ns.decode_ms}, "prefill": {"tokens_per_s": 1e6}}))
+    files = [(folder / f"w{k}.log", folder / f"w{k}.jsonl") for k in range(ns.workers)]
+    workers = []
+    for log, trace in files:
+        extra = ["--max-running-requests", str(ns.max_running), "--max-total-tokens", "20000",
+                 "--decode-log-interval", "1", "--log-level", "info", "--log-file", str(log),
+                 "--trace-requests", str(trace), "--trace-steps", str(steps_file(log))]  # fmt: skip
+        workers.append(start_worker(str(cost), folder, extra))
+    load_before = os.getloadavg()[0]
+    rows = []
+    try:
+        for w in workers:
+            wait_worker(w)
+        for log, trace in files:
+            log.touch()
+            trace.touch()
+            steps_file(log).touch()
+        with running_router("sglang-router", workers, "round_robin", folder) as r:
+            overhead_ms = idle_ttft_ms(r.url, ns.max_tokens)
+        wait_idle(workers)
+        for policy in ns.policies.split(","):
+            for router in ns.routers.split(","):
+                runs = [real_run(router, policy, workers, files, stream, folder) for _ in range(ns.repeats)]
+                rows.append((policy, router, runs))
+                print(f"{router} {policy}: {[[len(w.served) for w in run] for run in runs]}", file=sys.stderr)
+    finally:
+        for w in workers:
+            w.stop()
+    load_after = os.getloadavg()[0]
+    measured = statistics.mean(STEPS)
+    sims = {}
+    for policy in ns.policies.split(","):
+        for step in (ns.decode_ms, measured):
+            sims[policy, step] = simulated(stream, args, step, policy, ns.workers, 1, overhead_ms / 1000)
+    lines = [
+        "# benchmarks/fleet_fidelity.py: simulate --replicas N --router POLICY against the real routers",
+        f"date: {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC",
+        f"machine: {cpu_model()}, {os.cpu_count()} cores, shared with other jobs; "
+        f"Python {platform.python_version()}",
+        f"workers: {ns.workers} × kvadmit serve --simulate ({ns.decode_ms:g} ms decode steps, "
+        f"--max-running-requests {ns.max_running}); routers poll loads every 1 s",
+        f"simulated with --request-latency-ms {overhead_ms:.0f}: the median TTFT of 7 requests sent one at a "
+        "time through the router to the idle workers (HTTP, router, server loop on this machine)",
+        f"and with two decode step times: the cost model's {ns.decode_ms:g} ms ('sim'), and "
+        f"{measured:.1f} ms, the mean time between two consecutive decode steps of the real workers "
+        f"({len(STEPS):,} of them, from their --trace-steps: the step and the server's work between steps; "
+        "'sim, measured')",
+        f"requests: {ns.requests} at {ns.rate:g}/s (Poisson), 4 shared system prompts, "
+        f"{ns.max_tokens} tokens each; {ns.repeats} real runs per configuration",
+        f"load average (1 min) before / after: {load_before:.1f} / {load_after:.1f}",
+        "",
+        "| policy | router | worker | requests: sim / real | peak queue: sim / sim, measured / real | "
+        "TTFT p50 ms: sim / sim, measured / real | sim, measured within the real range |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for policy, router, runs in rows:
+        lines += table_rows(policy, router, runs, sims[policy, ns.decode_ms], sims[policy, measured])
+    publish(lines, ns.output)
+
+
+if __name__ == "__main__":
+    main()

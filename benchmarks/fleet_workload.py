@@ -1,0 +1,144 @@
+"""The request stream of benchmarks/fleet_fidelity.py, and the two ways it is run: the simulated fleet
+(`kvadmit simulate --replicas N --router POLICY` as a library call) and a real client against a real
+router in front of `kvadmit serve --simulate` workers. Both report, per worker: which requests it served,
+its peak queue (the largest #queue-req of its log lines, --decode-log-interval 1), and the TTFT median of
+its requests."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import re
+import statistics
+import time
+from dataclasses import dataclass
+
+import httpx
+
+from kvadmit.bench.workload import SimRequest, WorkloadSpec
+from kvadmit.config import ServerArgs
+from kvadmit.costmodel.costmodel import CostModel
+from kvadmit.fleet.driver import FleetSpec, simulate_fleet
+from kvadmit.fleet.router import RouterSettings
+from kvadmit.sim.replay import Replay
+from kvadmit.sim.run import SimConfig
+
+SYSTEM_PROMPTS = [
+    f"You are assistant number {k}, answer in the voice of character {k}. " * 3 for k in range(4)
+]
+QUEUE = re.compile(r"#queue-req: (\d+)")
+MARK = re.compile(r"question (\d+):")
+
+
+@dataclass(frozen=True)
+class Stream:
+    prompts: list[str]
+    arrivals: list[float]  # seconds after the first request
+    max_tokens: int
+
+
+def make_stream(n: int, rate: float, max_tokens: int, seed: int = 1) -> Stream:
+    """n requests, Poisson arrivals at `rate`; each prompt one of four system prompts and a question. The
+    warm-up asks for 32 tokens: max_tokens must differ, to tell it apart in the workers' traces."""
+    assert max_tokens != 32
+    rng = random.Random(seed)
+    prompts, arrivals, t = [], [], 0.0
+    for i in range(n):
+        prompts.append(f"{SYSTEM_PROMPTS[rng.randrange(4)]}question {i}: what is {rng.randrange(10**6)}?")
+        arrivals.append(t)
+        t += rng.expovariate(rate)
+    return Stream(prompts, arrivals, max_tokens)
+
+
+@dataclass
+class WorkerResult:
+    served: list[int]  # request indices
+    peak_queue: int
+    ttft_p50_ms: float
+
+
+def simulated(stream: Stream, args: ServerArgs, decode_ms: float, policy: str, workers: int,
+              poll_s: int, latency_s: float) -> list[WorkerResult]:  # fmt: skip
+    """The stream through `simulate --replicas N --router POLICY`: byte tokens (the workers' tokenizer),
+    two warm-up requests (the real run's router check and its warm-up), --request-latency-ms latency_s."""
+    reqs = tuple(
+        SimRequest(i, len(p.encode()), stream.max_tokens, stream.max_tokens, None, True, 0, tuple(p.encode()))
+        for i, p in enumerate(stream.prompts)
+    )
+    cfg = SimConfig(
+        args=args, workload=WorkloadSpec(num_prompts=len(reqs), vocab_size=257),
+        cost=CostModel.simple(decode_step_ms=decode_ms, prefill_tokens_per_s=1e6), warmup_requests=2,
+        request_latency_s=latency_s,
+        replay=Replay(reqs, tuple(stream.arrivals), tuple(f"req-{i}" for i in range(len(reqs)))),
+    )  # fmt: skip
+    lines: list[str] = []
+    spec = FleetSpec(workers, RouterSettings(policy, poll_interval_secs=poll_s))
+    result = simulate_fleet(cfg, spec, emit_log=lines.append)
+    out = []
+    for k in range(workers):
+        tag = f" DP{k}]" if workers > 1 else "]"
+        queues = [int(m.group(1)) for line in lines if tag in line[:26] for m in [QUEUE.search(line)] if m]
+        served = [i for i, r in enumerate(result.routed) if r == k]
+        ttfts = [1000 * result.sim.outcomes[i].ttft for i in served]
+        out.append(WorkerResult(served, max(queues, default=0), statistics.median(ttfts) if ttfts else 0.0))
+    return out
+
+
+async def _send(client: httpx.AsyncClient, url: str, prompt: str, max_tokens: int, at: float) -> float:
+    """One streamed completion sent at monotonic time `at`; its TTFT in ms."""
+    await asyncio.sleep(max(0.0, at - time.monotonic()))
+    sent = time.monotonic()
+    body = {
+        "model": "simulated",
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    first = None
+    async with client.stream("POST", f"{url}/v1/completions", json=body) as r:
+        async for line in r.aiter_lines():
+            if first is None and line.startswith("data: {"):
+                first = time.monotonic()
+    return 1000 * ((first or time.monotonic()) - sent)
+
+
+def send_stream(url: str, stream: Stream) -> list[float]:
+    """The stream through the router in real time (the first prompt first as a warm-up, as bench_serving
+    does); each request's TTFT in ms."""
+
+    async def run() -> list[float]:
+        async with httpx.AsyncClient(timeout=120) as client:
+            await _send(client, url, stream.prompts[0], min(stream.max_tokens, 32), time.monotonic())
+            await asyncio.sleep(1.0)
+            start = time.monotonic()
+            jobs = [_send(client, url, p, stream.max_tokens, start + a)
+                    for p, a in zip(stream.prompts, stream.arrivals, strict=True)]  # fmt: skip
+            return list(await asyncio.gather(*jobs))
+
+    return asyncio.run(run())
+
+
+def idle_ttft_ms(url: str, max_tokens: int, n: int = 7) -> float:
+    """The median TTFT of n requests sent one at a time to an idle fleet (prompts no run uses): what the
+    HTTP path through the router and the server adds to a simulated TTFT."""
+
+    async def run() -> list[float]:
+        async with httpx.AsyncClient(timeout=60) as client:
+            return [await _send(client, url, f"probe {k}: " + "x" * 200, max_tokens, time.monotonic())
+                    for k in range(n)]  # fmt: skip
+
+    return statistics.median(asyncio.run(run()))
+
+
+def served_from_trace(new_lines: list[str]) -> list[int]:
+    """The request indices a worker's --trace-requests lines name (the router's check has no `question i:`,
+    the warm-up asks for 32 tokens)."""
+    out = []
+    for line in new_lines:
+        row = json.loads(line)
+        m = MARK.search(bytes(i for i in row["input_ids"] if i < 256).decode())
+        if m and row["max_new_tokens"] != 32:
+            out.append(int(m.group(1)))
+    return sorted(out)

@@ -1,0 +1,89 @@
+"""The router in front of a fleet: a policy (policies.py), the router's in-flight counts, and its two
+periodic jobs on the virtual clock, both from the router's start (time 0 of the run):
+
+* the load poll (power_of_two): at 0, I, 2I, … (tokio's interval ticks at once), I = sglang-router 0.3.2's
+  --worker-startup-check-interval (30 s; its load monitor is built with that interval). A poll reads every
+  replica as it stood after its last step ending at or before the poll.
+* the tree's eviction (cache_aware): at E, 2E, … (the eviction thread sleeps first),
+  E = --eviction-interval-secs (60; 0 turns it off), down to --max-tree-size characters per worker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from kvadmit.fleet.policies import CacheAware, Policy, RouterView, make_policy
+
+INF = float("inf")
+
+
+@dataclass(frozen=True, slots=True)
+class RouterSettings:
+    policy: str = "cache_aware"  # sglang-router's --policy default
+    cache_threshold: float = 0.3
+    balance_abs_threshold: int = 64
+    balance_rel_threshold: float = 1.5
+    eviction_interval_secs: int = 60
+    max_tree_size: int = 2**26
+    poll_interval_secs: int = 30  # --worker-startup-check-interval
+    seed: int = 0  # random and power_of_two draws
+
+    def check(self) -> None:
+        """ValueError naming the first setting out of range."""
+        if not 0.0 <= self.cache_threshold <= 1.0:
+            raise ValueError(f"--cache-threshold must be in [0, 1], got {self.cache_threshold:g}")
+        if self.balance_abs_threshold < 0:
+            raise ValueError(f"--balance-abs-threshold must be ≥ 0, got {self.balance_abs_threshold}")
+        if not self.balance_rel_threshold >= 0:
+            raise ValueError(f"--balance-rel-threshold must be ≥ 0, got {self.balance_rel_threshold:g}")
+        if self.eviction_interval_secs < 0:
+            raise ValueError(f"--eviction-interval-secs must be ≥ 0, got {self.eviction_interval_secs}")
+        if self.max_tree_size < 0:
+            raise ValueError(f"--max-tree-size must be ≥ 0, got {self.max_tree_size}")
+        if self.poll_interval_secs <= 0:
+            raise ValueError(
+                f"--worker-startup-check-interval must be ≥ 1 (the load poll's period), got "
+                f"{self.poll_interval_secs}"
+            )
+
+
+class FleetRouter:
+    def __init__(self, settings: RouterSettings, workers: int) -> None:
+        self.settings = settings
+        self.policy: Policy = make_policy(
+            settings.policy, workers, settings.seed, settings.cache_threshold,
+            settings.balance_abs_threshold, settings.balance_rel_threshold,
+        )  # fmt: skip
+        self.view = RouterView([0] * workers)
+        self.next_poll = 0.0 if self.policy.polls_load else INF
+        evicting = isinstance(self.policy, CacheAware) and settings.eviction_interval_secs > 0
+        self.next_evict = float(settings.eviction_interval_secs) if evicting else INF
+
+    @property
+    def needs_text(self) -> bool:
+        return self.policy.needs_text
+
+    def route(self, text: str | None) -> int:
+        k = self.policy.choose(self.view, text)
+        if self.policy.counts_in_flight:
+            self.view.in_flight[k] += 1
+        return k
+
+    def answered(self, k: int) -> None:
+        if self.policy.counts_in_flight:
+            self.view.in_flight[k] -= 1
+
+    def next_periodic(self) -> float:
+        return min(self.next_poll, self.next_evict)
+
+    def run_periodic(self, loads: Callable[[], Sequence[int]]) -> None:
+        """The periodic job due first (a poll before an eviction at the same time)."""
+        if self.next_poll <= self.next_evict:
+            self.view.polled = list(loads())
+            self.next_poll += self.settings.poll_interval_secs
+        else:
+            policy = self.policy
+            assert isinstance(policy, CacheAware)
+            policy.tree.evict(self.settings.max_tree_size)
+            self.next_evict += self.settings.eviction_interval_secs

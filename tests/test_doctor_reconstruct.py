@@ -1,0 +1,149 @@
+"""The reconstruction's inferences from lines of our own (issue 21), each with the number its rule gives:
+the decode-log-interval from #token growth, the conservativeness from the ratio's floor, the server_args
+line, the arrival rate over whole seconds, prompts less re-admissions, the output spread from the
+inspection paradox (lengths.py), and the replay check's allowance for chance."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvadmit.doctor.inferred import Inferred
+from kvadmit.doctor.lengths import OutputLengths
+from kvadmit.doctor.observed import observe_lines
+from kvadmit.doctor.prove import _retraction_row
+from kvadmit.doctor.reconstruct import _loop_note
+from kvadmit.doctor.reconstruct_server import (
+    infer_conservativeness,
+    infer_decode_log_interval,
+    infer_overlap,
+)
+from kvadmit.doctor.reconstruct_workload import arrival_rate, infer_prompt, infer_spread
+from kvadmit.doctor.whatif import Stats
+
+
+def decode(t: int, running: int, tokens: int, usage: float = 0.9, queue: int = 0) -> str:
+    return (
+        f"[2026-09-13 16:06:{t:02d}] Decode batch, #running-req: {running}, #token: {tokens}, token usage: "
+        f"{usage:.2f}, cuda graph: False, gen throughput (token/s): 2000.00, #queue-req: {queue}"
+    )
+
+
+def prefill(t: int, seqs: int, new: int, cached: int = 0) -> str:
+    return (
+        f"[2026-09-13 16:06:{t:02d}] Prefill batch, #new-seq: {seqs}, #new-token: {new}, #cached-token: "
+        f"{cached}, token usage: 0.50, #running-req: 3, #queue-req: 0"
+    )
+
+
+def retract(t: int, gained: int, old: float, new: float) -> str:
+    return (
+        f"[2026-09-13 16:06:{t:02d}] KV cache pool is full. Retract requests. #retracted_reqs: 1, "
+        f"#new_tokens_gained: {gained}, #new_token_ratio: {old:.4f} -> {new:.4f}"
+    )
+
+
+def test_the_decode_log_interval_is_how_much_token_grew_per_running_request() -> None:
+    # 66 running: 82,002 → 84,642 is 2,640 = 40 × 66 (log 04, 16:06:05 → 16:06:06); 48: 85,585 → 87,505 is
+    # 1,920 = 40 × 48. A prefill between two lines (16:06:08) spoils that pair.
+    lines = [decode(5, 66, 82002), decode(6, 66, 84642), prefill(7, 1, 500), decode(8, 66, 87282),
+             decode(16, 48, 85585), decode(17, 48, 87505)]  # fmt: skip
+    got = infer_decode_log_interval(observe_lines(lines))
+    assert (got.value, got.confidence) == (40, "exact")
+    assert "2 of 2 pairs" in got.how
+    # Interval 10: 32 running grow by 320.
+    got = infer_decode_log_interval(observe_lines([decode(1, 32, 1000), decode(2, 32, 1320)]))
+    assert got.value == 10
+    # No two back-to-back lines with the same count: SGLang's default, as a guess.
+    got = infer_decode_log_interval(observe_lines([decode(1, 32, 1000), decode(2, 31, 1200)]))
+    assert (got.value, got.confidence) == (40, "guess")
+
+
+@pytest.mark.parametrize(("old", "conservativeness"), [(0.0980, 1.0), (0.1274, 1.3), (0.0686, 0.7)])
+def test_the_conservativeness_is_the_ratio_floor_over_0_098(old: float, conservativeness: float) -> None:
+    # The floor is min(0.7 × c, 1) × 0.14: 0.098 at 1.0, 0.1274 at 1.3, 0.0686 at 0.7.
+    got = infer_conservativeness(observe_lines([decode(1, 10, 5000), retract(2, 600, old, 0.35)]))
+    assert got.value == pytest.approx(conservativeness)
+    assert got.confidence == "estimate"
+
+
+def test_a_ratio_above_any_floor_tells_no_conservativeness() -> None:
+    got = infer_conservativeness(observe_lines([decode(1, 10, 5000), retract(2, 600, 0.3397, 0.35)]))
+    assert (got.value, got.confidence) == (1.0, "guess")
+
+
+def test_the_server_args_line_gives_the_flags_and_the_loop() -> None:
+    line = (
+        "[2026-09-13 16:00:00] server_args=ServerArgs(model_path='Qwen/Qwen3-4B', schedule_policy='fcfs', "
+        "schedule_conservativeness=1.3, decode_log_interval=10, disable_overlap_schedule=True, page_size=1)"
+    )
+    obs = observe_lines([line, decode(1, 32, 1000), decode(2, 32, 1640)])  # 640 = 20 × 32: not used
+    assert infer_decode_log_interval(obs).value == 10
+    assert infer_conservativeness(obs).value == 1.3 and infer_conservativeness(obs).confidence == "exact"
+    overlap = infer_overlap(obs)
+    assert overlap.value is False and overlap.confidence == "exact"
+    assert "one step at a time" in _loop_note(overlap)
+    silent = infer_overlap(observe_lines([decode(1, 32, 1000)]))
+    assert silent.value is None
+    assert _loop_note(silent).startswith("loop: not shown in the log")
+
+
+def test_the_arrival_rate_counts_the_whole_seconds_between_the_first_and_last() -> None:
+    # Arrivals in seconds 10 to 15: the 8 in seconds 11 to 14 (4 whole seconds) give 2 a second; the
+    # partial first and last seconds (3 and 1 arrivals) do not count.
+    times = [10.2, 10.5, 10.9, 11.1, 11.6, 12.3, 12.8, 13.4, 13.9, 14.2, 14.7, 15.1]
+    rate, how = arrival_rate(times, 6.0, 1.0)
+    assert rate == pytest.approx(2.0)
+    assert "8 arrivals in the 4 s" in how
+    # Sub-second stamps: n arrivals span n − 1 gaps.
+    rate, _ = arrival_rate([0.0, 0.5, 1.0, 1.5], 2.0, 0.0)
+    assert rate == pytest.approx(3 / 1.5)
+
+
+def test_prompts_leave_out_what_a_retracted_request_prefills_again() -> None:
+    # Three 100-token prompts; one is retracted holding 150 tokens (its prompt and 50 outputs) and comes
+    # back as a 150-token prefill: (300 + 150 − 150) ÷ (4 − 1) = 100.
+    lines = [prefill(1, 3, 300), decode(2, 3, 450), retract(3, 150, 0.098, 0.4), prefill(4, 1, 150)]
+    got = infer_prompt(observe_lines(lines))
+    assert got is not None and got.value == pytest.approx(100.0)
+
+
+def test_the_output_spread_is_twice_the_held_output_over_the_mean_less_one() -> None:
+    # Outputs uniform on [0, 200] (mean 100): a running request holds E[X²] ÷ (2 E[X]) = (100² + 200²/12)
+    # ÷ 200 = 66.67 of them, so the Decode lines show 100 + 66.67 per request with 100-token prompts:
+    # CV² = 2 × 66.67 ÷ 100 − 1 = 1/3.
+    obs = observe_lines([decode(1, 30, 5000), decode(2, 30, 5000)])
+    got = infer_spread(obs, Inferred(100.0, "", "estimate"), Inferred(100.0, "", "estimate"))
+    assert got.value == pytest.approx(1 / 3, abs=1e-3)
+    # All as long (mean age half the length): 100 + 50 per request, CV² 0.
+    obs = observe_lines([decode(1, 30, 4500)])
+    got = infer_spread(obs, Inferred(100.0, "", "estimate"), Inferred(100.0, "", "estimate"))
+    assert got.value == pytest.approx(0.0)
+
+
+def test_output_lengths_keep_their_mean_and_spread() -> None:
+    same = OutputLengths(100.0, 0.0, 1000)
+    assert same.spread(10, seed=1) == [100] * 10
+    uniform = OutputLengths(100.0, 1 / 3, 1000)  # uniform on [0, 200]
+    assert uniform.quantile(0.25) == 50 and uniform.p99() == 198
+    lens = uniform.spread(1000, seed=1)
+    assert sum(lens) / len(lens) == pytest.approx(100.0, rel=0.01)
+    assert sum((x - 100) ** 2 for x in lens) / len(lens) / 100**2 == pytest.approx(1 / 3, rel=0.02)
+    capped = OutputLengths(100.0, 1 / 3, 150)  # the cap at 150 cuts a quarter: the rest is scaled up
+    lens = capped.spread(1000, seed=1)
+    assert max(lens) == 150 and sum(lens) / len(lens) == pytest.approx(100.0, rel=0.01)
+    wide = OutputLengths(100.0, 1.0, 100_000)  # exponential: p99 = 100 × ln 100
+    assert wide.p99() == pytest.approx(460.5, abs=1)
+
+
+def _stats(retracted: int, span_s: float = 60.0) -> Stats:
+    return Stats(60.0 * retracted / span_s, None, None, None, [], [], [], retracted)
+
+
+@pytest.mark.parametrize(
+    ("log", "replay", "ok"),
+    [(16, 26, True), (3, 9, True), (3, 0, True), (12, 0, False), (10, 40, False), (1, 0, True)],
+)
+def test_the_replay_check_allows_for_chance_in_few_retractions(log: int, replay: int, ok: bool) -> None:
+    # Within a factor of 2, or |a − b| < 2 √(a + b): 3 against 9 differ by 6 < 6.93; 12 against 0 by
+    # 12 > 6.93; 10 against 40 by 30 > 14.1 (× 4); 16 against 26 is × 1.63.
+    assert _retraction_row(_stats(log), _stats(replay)).ok is ok
