@@ -23,6 +23,7 @@ from kvadmit.executor.base import StepResult  # noqa: E402
 from kvadmit.observe.sglang_log import SGLangLogWriter  # noqa: E402
 from kvadmit.request import Req, SamplingLimits  # noqa: E402
 from kvadmit.scheduler.events import Event, LastRequestAborted, RequestAborted, Retraction  # noqa: E402
+from kvadmit.scheduler.decode_memory import DECODE_SKIPPED  # noqa: E402
 from kvadmit.scheduler.scheduler import Scheduler  # noqa: E402
 from kvadmit.scheduler.types import UNSCHEDULABLE_MESSAGE, ScheduledBatch  # noqa: E402
 
@@ -66,6 +67,36 @@ class Recorder:
         self.eos_at = {r["rid"]: r.get("eos_at") for r in scenario["requests"]}
         self.pending: dict[str, int] = {}  # rid -> tokens launched but not yet appended (overlap)
         self.log = SGLangLogWriter(self._line, start_time=0.0)
+
+    def watch(self, engine: Engine) -> None:
+        """Record what SGLang's loop shows but kvadmit's events do not name (a skipped decode pass), and
+        date the events of result processing as SGLang's overlap loop does. That loop launches the next
+        batch before it processes the last one's result; kvadmit's engine processes it first, then
+        launches. Both come before the next pass, so they are one moment: the ends and log lines of a
+        result processed in a step that launches a batch are dated after that launch, as on SGLang's side."""
+        scheduler = self.scheduler
+        check = scheduler.check_decode_or_retract
+
+        def check_decode_or_retract(*args, **kwargs):
+            outcome = check(*args, **kwargs)
+            if outcome is DECODE_SKIPPED:
+                self.events.append(["S", self.launched])
+            return outcome
+
+        scheduler.check_decode_or_retract = check_decode_or_retract  # type: ignore[method-assign]
+        if not getattr(engine, "overlap", False):
+            return
+        process = engine._process
+
+        def processed(batch, result):
+            launches = scheduler.last_batch is not None  # scheduled in this step, launched after
+            self.launched += launches
+            try:
+                process(batch, result)
+            finally:
+                self.launched -= launches
+
+        engine._process = processed  # type: ignore[method-assign]
 
     # executor
     def run(self, batch: ScheduledBatch) -> StepResult:
@@ -114,6 +145,7 @@ def run_scenario(sc: dict) -> dict:
     )
     rec = Recorder(sc, scheduler)
     engine = Engine(scheduler, rec, VirtualClock(0.0), rec, observers=[rec.observe])
+    rec.watch(engine)
     requests = sorted(sc["requests"], key=lambda r: r["arrive_after"])
     aborts = sorted((r["abort_after"], r["rid"]) for r in sc["requests"] if r.get("abort_after") is not None)
     nxt = nab = 0

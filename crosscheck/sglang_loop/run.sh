@@ -3,7 +3,8 @@
 # (sglang_side.py) and through kvadmit's Engine (kvadmit_side.py), compared event by event.
 #
 #   crosscheck/sglang_loop/run.sh            # quick run, about a minute on 2 slow cores
-#   FULL=1 crosscheck/sglang_loop/run.sh     # the measured suite (>= 100,000 steps per version x loop)
+#   FULL=1 crosscheck/sglang_loop/run.sh     # the measured suite (>= 100,000 steps per version x loop;
+#                                            # SEEDS="101 102 ..." overrides its seeds)
 #   MUTATE=1 ...                             # also the mutation check (each altered rule must be caught)
 #   VERSIONS="0.5.22 0.5.23" LOOPS="normal overlap" ...   # which SGLang versions and loops
 #
@@ -51,7 +52,7 @@ print(int("disable_overlap_schedule" in {f.name for f in dataclasses.fields(Serv
 
 # Quick: one seed, a few scenarios. FULL: fixed seeds, sized for >= 100,000 launched batches each.
 if [ "${FULL:-0}" = 1 ]; then
-	SEEDS="101 102 103 104 105 106"
+	SEEDS="${SEEDS:-101 102 103 104}"
 	COUNT=60
 else
 	SEEDS="${SEED:-1}"

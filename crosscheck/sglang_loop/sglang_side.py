@@ -456,6 +456,7 @@ class Driver:
                 self.add(self.requests[self.next_arrival])
                 self.next_arrival += 1
             self.idle_seen = False
+            self.quiet_passes = 0  # a hang is judged on the passes after the last arrival
         while self.next_abort < len(self.aborts) and self.aborts[self.next_abort][0] <= self.launched:
             self.client_abort(self.aborts[self.next_abort][1])
             self.next_abort += 1
