@@ -46,10 +46,11 @@ class QueueOrder:
         deferred: set[int] = set()
         in_batch = RadixCache(TokenPool(1), page_size=1)  # keys only; its slots are never used
         for req in waiting:
-            fill = req.fill_ids()
-            key = fill[: len(fill) - 1]
+            # SGLang 0.5.22 matches the whole prompt + outputs (the tree splits where that match ends) and
+            # sorts by the match capped at len − 1; the in-batch check reads the uncapped match.
+            key = req.fill_ids()
             n = len(self.cache.match_prefix(key).value)
-            matched[id(req)] = n
+            matched[id(req)] = min(n, len(key) - 1)
             if n <= IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD:
                 shared = len(in_batch.match_prefix(key).value)
                 if shared >= IN_BATCH_PREFIX_CACHING_DEPRIORITIZE_THRESHOLD:
