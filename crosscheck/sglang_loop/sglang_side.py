@@ -524,6 +524,7 @@ class Driver:
 
     def run_batch(self, batch, pp_proxy_tensors=None):
         s = self.s
+        self.scan_finished()  # ends decided in this pass (a chunked request's client abort) come first
         s.forward_ct += 1
         batch.forward_iter = s.forward_ct
         batch.launch_ts = time.monotonic()
