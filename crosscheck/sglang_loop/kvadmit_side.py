@@ -16,16 +16,17 @@ import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import record  # noqa: E402  (this folder)
-from kvadmit.config import SchedulerKnobs, ServerArgs  # noqa: E402
-from kvadmit.engine import Engine, VirtualClock  # noqa: E402
-from kvadmit.executor.base import StepResult  # noqa: E402
-from kvadmit.observe.sglang_log import SGLangLogWriter  # noqa: E402
-from kvadmit.request import Req, SamplingLimits  # noqa: E402
-from kvadmit.scheduler.events import Event, LastRequestAborted, RequestAborted, Retraction  # noqa: E402
-from kvadmit.scheduler.decode_memory import DECODE_SKIPPED  # noqa: E402
-from kvadmit.scheduler.scheduler import Scheduler  # noqa: E402
-from kvadmit.scheduler.types import UNSCHEDULABLE_MESSAGE, ScheduledBatch  # noqa: E402
+import record
+
+from kvadmit.config import SchedulerKnobs, ServerArgs
+from kvadmit.engine import Engine, VirtualClock
+from kvadmit.executor.base import StepResult
+from kvadmit.observe.sglang_log import SGLangLogWriter
+from kvadmit.request import Req, SamplingLimits
+from kvadmit.scheduler.decode_memory import DECODE_SKIPPED
+from kvadmit.scheduler.events import Event, LastRequestAborted, RequestAborted, Retraction
+from kvadmit.scheduler.scheduler import Scheduler
+from kvadmit.scheduler.types import UNSCHEDULABLE_MESSAGE, ScheduledBatch
 
 STALL_STEPS = 1_000_000
 
@@ -124,7 +125,14 @@ class Recorder:
     def observe(self, event: Event, now: float) -> None:
         if isinstance(event, Retraction) and not event.forced:
             self.events.append(
-                ["R", self.launched, list(event.rids), event.new_tokens_gained, event.old_ratio, event.new_ratio]
+                [
+                    "R",
+                    self.launched,
+                    list(event.rids),
+                    event.new_tokens_gained,
+                    event.old_ratio,
+                    event.new_ratio,
+                ]
             )
         elif isinstance(event, LastRequestAborted):
             self.events.append(["A", self.launched, event.rid])
@@ -153,14 +161,20 @@ def run_scenario(sc: dict) -> dict:
     steps = 0
     while True:
         if nxt < len(requests) and (requests[nxt]["arrive_after"] <= rec.launched or idle):
-            key = max(requests[nxt]["arrive_after"], rec.launched) if not idle else requests[nxt]["arrive_after"]
+            key = (
+                max(requests[nxt]["arrive_after"], rec.launched)
+                if not idle
+                else requests[nxt]["arrive_after"]
+            )
             key = max(key, rec.launched)
             while nxt < len(requests) and requests[nxt]["arrive_after"] <= key:
                 spec = requests[nxt]
                 req = Req(
                     spec["rid"],
                     list(spec["input_ids"]),
-                    SamplingLimits(requested_max_new_tokens=spec["max_new_tokens"], ignore_eos=spec["ignore_eos"]),
+                    SamplingLimits(
+                        requested_max_new_tokens=spec["max_new_tokens"], ignore_eos=spec["ignore_eos"]
+                    ),
                 )
                 rec.events.append(["I", rec.launched, spec["rid"]])
                 engine.submit(req)
@@ -194,7 +208,11 @@ def main() -> None:
             try:
                 out = run_scenario(sc)
             except Exception as e:  # report, keep going
-                out = {"id": sc["id"], "error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()[-2000:]}
+                out = {
+                    "id": sc["id"],
+                    "error": f"{type(e).__name__}: {e}",
+                    "trace": traceback.format_exc()[-2000:],
+                }
             print(json.dumps(out), flush=True)
 
 
