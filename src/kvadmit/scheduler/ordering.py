@@ -15,6 +15,7 @@ from kvadmit.request import Req
 WAITING_QUEUE_PREFIX_MATCH_MAX = 128  # above this many waiting, lpm falls back to fcfs for the pass
 IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD = 32  # a match this short is checked against other waiting reqs
 IN_BATCH_PREFIX_CACHING_DEPRIORITIZE_THRESHOLD = 32  # sharing this much with an earlier one defers it
+WAITING_PREFIX_REFRESH_INTERVAL = 32  # a cache-agnostic order refreshes the waiting prefixes every 32nd pass
 
 
 class QueueOrder:
@@ -22,6 +23,7 @@ class QueueOrder:
         self.policy = policy
         self.cache = cache
         self.rng = random.Random(seed)
+        self.refresh_calls = 0
 
     def effective_policy(self, waiting: list[Req]) -> str:
         if self.policy == "lpm" and (not self.cache.enabled or len(waiting) > WAITING_QUEUE_PREFIX_MATCH_MAX):
@@ -30,14 +32,27 @@ class QueueOrder:
 
     def sort(self, waiting: list[Req]) -> None:
         policy = self.effective_policy(waiting)
-        if policy == "fcfs":
+        if policy == "lpm":
+            self._sort_lpm(waiting)
             return
         if policy == "lof":
             waiting.sort(key=lambda r: -r.max_new_tokens)
         elif policy == "random":
             self.rng.shuffle(waiting)
-        elif policy == "lpm":
-            self._sort_lpm(waiting)
+        self._refresh_waiting_prefixes(waiting)
+
+    def _refresh_waiting_prefixes(self, waiting: list[Req]) -> None:
+        """SGLang 0.5.22 (SchedulePolicy._touch_waiting_prefixes, SGLANG_ENABLE_WAITING_PREFIX_REFRESH on
+        by default, LRU eviction): under an order that does not match prefixes, every 32nd sorting pass
+        marks the cached prefixes of the first 128 waiting requests as just used, the head last, so that
+        LRU eviction takes what no waiting request needs first."""
+        if not waiting or not self.cache.enabled:
+            return
+        refresh = self.refresh_calls % WAITING_PREFIX_REFRESH_INTERVAL == 0
+        self.refresh_calls += 1
+        if refresh:
+            for req in reversed(waiting[:WAITING_QUEUE_PREFIX_MATCH_MAX]):
+                self.cache.touch_prefix(req.fill_ids())
 
     def _sort_lpm(self, waiting: list[Req]) -> None:
         """Longest cached prefix first. A request with little cached that shares a long prefix with an
