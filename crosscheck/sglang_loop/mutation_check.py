@@ -20,7 +20,7 @@ import compare
 import kvadmit_side
 
 from kvadmit.request import FinishKind, FinishReason
-from kvadmit.scheduler import policy, scheduler
+from kvadmit.scheduler import ordering, policy, scheduler
 from kvadmit.scheduler.decode_memory import DecodeMemory
 from kvadmit.scheduler.ratio import NewTokenRatio
 from kvadmit.scheduler.results import StepResults
@@ -77,6 +77,33 @@ def _no_idle_reset() -> Callable[[], None]:
     return lambda: setattr(NewTokenRatio, "reset", original)
 
 
+def _lpm_capped_match() -> Callable[[], None]:
+    """lpm matches the prompt + outputs capped at len - 1 (the tree splits there, not at the whole match)."""
+    original = ordering.QueueOrder._sort_lpm
+
+    def sort_lpm(self, waiting):
+        real = self.cache.match_prefix
+
+        def capped(key, end=None):
+            return real(key, len(key) - 1 if end is None else min(end, len(key) - 1))
+
+        self.cache.match_prefix = capped
+        try:
+            original(self, waiting)
+        finally:
+            del self.cache.match_prefix
+
+    ordering.QueueOrder._sort_lpm = sort_lpm
+    return lambda: setattr(ordering.QueueOrder, "_sort_lpm", original)
+
+
+def _no_waiting_prefix_refresh() -> Callable[[], None]:
+    """fcfs: the waiting requests' cached prefixes are never marked as just used."""
+    original = ordering.QueueOrder._refresh_waiting_prefixes
+    ordering.QueueOrder._refresh_waiting_prefixes = lambda self, waiting: None
+    return lambda: setattr(ordering.QueueOrder, "_refresh_waiting_prefixes", original)
+
+
 def _overlap_no_skip() -> Callable[[], None]:
     """Overlap loop: a failed decode check retracts even when finishers in flight would free memory."""
     original = DecodeMemory.check_decode_or_retract
@@ -128,6 +155,8 @@ MUTATIONS: dict[str, tuple[Callable[[], Callable[[], None]], Callable[[dict], bo
     "no-ratio-decay": (_no_decay, lambda s: True),
     "reversed-retraction-order": (_reversed_retraction_order, lambda s: True),
     "no-idle-ratio-reset": (_no_idle_reset, lambda s: True),
+    "lpm-capped-match": (_lpm_capped_match, lambda s: s["schedule_policy"] == "lpm"),
+    "no-waiting-prefix-refresh": (_no_waiting_prefix_refresh, lambda s: s["schedule_policy"] != "lpm"),
     "overlap-no-skip-on-finishers": (_overlap_no_skip, lambda s: s["overlap"]),
     "overlap-unlagged-finishers": (_overlap_unlagged_finishers, lambda s: s["overlap"]),
     "0.5.23-no-per-pass-filter": (
