@@ -56,7 +56,7 @@ if [ "${FULL:-0}" = 1 ]; then
 	COUNT=60
 else
 	SEEDS="${SEED:-1}"
-	COUNT="${COUNT:-12}"
+	COUNT="${COUNT:-8}"
 fi
 
 status=0
