@@ -61,7 +61,7 @@ def test_a_scenario_answers_with_designs_fields(tmp_path: Path) -> None:
     assert run.returncode == 0, run.stderr
     ans = json.loads(run.stdout)
     assert set(ans) == {
-        "admitted", "chunked", "extend_lens", "prefix_lens", "verdict", "stopped_at",
+        "admitted", "chunked", "extend_lens", "prefix_lens", "verdict", "stopped_at", "preempted",
         "rem_total_tokens", "cur_rem_tokens", "rem_input_tokens", "rem_chunk_tokens", "explanation",
     }  # fmt: skip
     # a holds 296 and reserves 512 − 40 = 472 (ignore_eos: × 1.0): 4096 − 296 − 472 = 3328;

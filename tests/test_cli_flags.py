@@ -44,9 +44,9 @@ def test_every_server_flag_defaults_to_the_dataclass_default() -> None:
             assert action.default == f.default, (name, dest)
             assert action.option_strings == ["--" + dest.replace("_", "-")], (name, dest)
             checked += 1
-    # 15 server flags (ServerArgs less knobs and admission_policy) in capacity; simulate and serve add
-    # --admission-policy (16 each); sweep has those 16 less its 5 swept ones: 15 + 16 + 16 + 11
-    assert checked == 58
+    # 23 server flags (ServerArgs less knobs and admission_policy) in capacity; simulate and serve add
+    # --admission-policy (24 each); sweep has those 24 less its 5 swept ones: 23 + 24 + 24 + 19
+    assert checked == 90
 
 
 @pytest.mark.parametrize("command", ["capacity", "simulate", "serve", "sweep"])

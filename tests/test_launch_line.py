@@ -94,18 +94,34 @@ def test_the_overlap_loop_is_the_default_and_the_flag_selects_the_other(served: 
     assert _serve(served, [])[1].disable_overlap_schedule is False  # SGLang's default loop
 
 
+def test_sglangs_priority_flags_are_the_schedulers(served: _Served) -> None:
+    flags = [
+        "--enable-priority-scheduling", "--schedule-low-priority-values-first",
+        "--default-priority-value", "-3", "--priority-scheduling-preemption-threshold", "4",
+        "--retraction-policy", "priority",
+    ]  # fmt: skip
+    ns, args = _serve(served, [*flags, "--disable-overlap-schedule"])
+    assert ns.startup_notes == [NON_OVERLAP_LINE]  # no "no effect" note
+    assert args == ServerArgs(
+        enable_priority_scheduling=True, schedule_low_priority_values_first=True, default_priority_value=-3,
+        priority_scheduling_preemption_threshold=4, retraction_policy="priority",
+        knobs=SchedulerKnobs.from_environ(), disable_overlap_schedule=True,
+    )  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--enable-mixed-chunk"], "--enable-mixed-chunk: kvadmit models SGLang's overlap and non-overlap"),
-        (["--enable-priority-scheduling"], "--enable-priority-scheduling: kvadmit models SGLang's overlap"),
+        (["--pp-size", "2"], "--pp-size 2: kvadmit runs one scheduler on one device"),
+        (["--radix-eviction-policy", "priority"], "--radix-eviction-policy priority: kvadmit models the GPU"),
         (["--tp-size", "2"], "--tp-size 2: kvadmit runs one scheduler on one device"),
         (["--dp-size", "2"], "--dp-size 2: kvadmit runs one scheduler on one device"),
         (["--speculative-algorithm", "EAGLE"], "--speculative-algorithm EAGLE: kvadmit does not model spec"),
         (["--disaggregation-mode", "prefill"], "--disaggregation-mode prefill: kvadmit does not model"),
         (["--enable-dp-attention"], "--enable-dp-attention: kvadmit runs one scheduler"),
         (["--swa-full-tokens-ratio", "0.5"], "--swa-full-tokens-ratio 0.5: kvadmit models one"),
-        (["--schedule-policy", "priority"], "--schedule-policy priority: kvadmit models SGLang's fcfs"),
+        (["--schedule-policy", "priority"], "--schedule-policy priority: SGLang 0.5.22's parser takes it"),
+        (["--schedule-policy", "hrrn"], "--schedule-policy hrrn: kvadmit models SGLang's fcfs"),
     ],
 )
 def test_a_refused_kind_is_one_line_and_exit_2(
@@ -187,6 +203,9 @@ def test_the_start_up_log_names_the_no_effect_flags_once(
 
 
 LOOP_LINE = "Scheduling as SGLang 0.5.22 with the overlap event loop (SGLang's default; --disable-overlap-schedule for the other)"  # noqa: E501
+
+
+NON_OVERLAP_LINE = "Scheduling as SGLang 0.5.22 with the non-overlap event loop (--disable-overlap-schedule)"
 
 
 def _env() -> dict[str, str]:

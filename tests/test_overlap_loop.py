@@ -137,3 +137,38 @@ def test_random_overlap_runs_keep_the_pool_accounting_and_end_every_request_once
         )
         retractions += result.retractions
     assert retractions > 0  # the runs were under pressure
+
+
+def test_decode_is_skipped_not_retracted_when_a_request_finishing_in_flight_will_free_the_pool() -> None:
+    """Pool 100, page 1, no prefix cache. A (10 + 41) prefills; B (10 + 45) is admitted in the next pass,
+    with A's 41 remaining tokens (its output lags) reserved at 0.7: 10 + 45 + 1 = 56 < 90 − 28.7 = 61.3.
+    Both prefilled, 80 slots are free and each decode pass takes 2: passes 0–39 leave 78, 76, …, 0. At
+    pass 40, decode 39 in flight gives A its 41st and last token (40 outputs + 1 ≥ 41): A leaves the batch
+    and B alone still finds no slot, so decode is skipped: no retraction, no decay. Once decode 39's result
+    frees A's 50 slots, B decodes."""
+    sched = Scheduler(
+        ServerArgs(max_total_tokens=100, disable_radix_cache=True), eos_token_ids=frozenset({EOS})
+    )
+    a, b = _req("a", prompt=10, max_new=41), _req("b", prompt=10, max_new=45)
+    sched.add_request(a)
+    in_flight = sched.next_batch()
+    assert in_flight is not None and in_flight.reqs == [a]
+    sched.add_request(b)
+    passes: list[ScheduledBatch | None] = []
+    while True:
+        nxt = sched.next_batch()
+        passes.append(nxt)
+        if nxt is None:
+            break
+        sched.on_batch_done(in_flight, _tokens(in_flight))
+        in_flight = nxt
+    # the prefill of B, then decode passes 0–39, then the skipped pass
+    assert [p.kind for p in passes[:-1]] == ["prefill"] + ["decode"] * 40  # type: ignore[union-attr]
+    assert sched.pool.available_size() == 0 and a.output_ids == [TEXT] * 40
+    assert sched.running.reqs == [b] and not sched.running.batch_is_full
+    ratio = sched.ratio.current
+    assert not [e for e in sched.drain_events() if type(e).__name__ == "Retraction"]
+    outcome = sched.on_batch_done(in_flight, _tokens(in_flight))
+    assert [r.rid for r in outcome.finished] == ["a"] and sched.pool.available_size() == 50
+    after = sched.next_batch()
+    assert after is not None and after.reqs == [b] and sched.ratio.current < ratio  # decays again

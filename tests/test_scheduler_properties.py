@@ -124,6 +124,7 @@ class Run:
     transcript: Transcript = field(default_factory=Transcript)
     call: int = 0
     steps: int = 0
+    lagging: ScheduledBatch | None = None  # overlap loop: the batch whose result was still to come
 
     def live(self) -> list[Req]:
         return [r for rid, r in self.reqs.items() if rid not in self.ended_at]
@@ -239,7 +240,8 @@ class Run:
         queue = [r for r in queue if r.rid not in self.ended_at]  # refused in this call as unschedulable
         if policy == "lof":
             queue.sort(key=lambda r: -r.max_new_tokens)  # stable, as the scheduler's sort
-        new = [r.rid for r in batch.reqs if r is not continuing]
+        riding = set(map(id, batch.decoding or ()))  # a mixed chunk's decode rows were not queued
+        new = [r.rid for r in batch.reqs if r is not continuing and id(r) not in riding]
         assert new == [r.rid for r in queue[: len(new)]], (new, [r.rid for r in queue])
 
     def execute(self, batch: ScheduledBatch) -> None:
@@ -278,18 +280,27 @@ class Run:
             assert not req.finished and req.rid not in self.ended_at, f"{req.rid} scheduled after its end"
         if batch.kind == "decode":
             # A decode step never runs without a slot for every request: its KV covers the prompt and all
-            # outputs so far (this step computes the last output into kv[-1] and samples the next).
+            # outputs so far (this step computes the last output into kv[-1] and samples the next). Under
+            # the overlap loop the requests of the batch in flight have one output still to come.
+            lag = set() if self.lagging is None else {id(r) for r in self.lagging.reqs}
             for req in batch.reqs:
-                assert len(req.kv) == req.seqlen, (req.rid, len(req.kv), req.seqlen)
+                expected = req.seqlen + (id(req) in lag and req is not self.lagging.chunked)  # type: ignore[union-attr]
+                assert len(req.kv) == expected, (req.rid, len(req.kv), req.seqlen)
         else:
+            # --enable-mixed-chunk: the running requests' decode rows follow the prefill rows
+            decoding = batch.decoding or []
+            rows = batch.reqs[: len(batch.reqs) - len(decoding)]
+            lag = set() if self.lagging is None else {id(r) for r in self.lagging.reqs}
+            for req in decoding:
+                assert len(req.kv) == req.seqlen + (id(req) in lag), (req.rid, len(req.kv), req.seqlen)
             if sched.args.prefill_max_requests is not None:
-                assert len(batch.reqs) <= max(sched.args.prefill_max_requests, 1)
+                assert len(rows) <= max(sched.args.prefill_max_requests, 1)
             if sched.chunked_prefill_size is not None:
                 # §1.4–1.5: the batch's prefill, in whole pages, stays within one chunk.
                 page = sched.page_size
-                pages = sum(-(-(r.fill_len - r.prefix_len) // page) for r in batch.reqs)
+                pages = sum(-(-(r.fill_len - r.prefix_len) // page) for r in rows)
                 assert pages * page <= sched.chunked_prefill_size, (pages * page, sched.chunked_prefill_size)
-            for req in batch.reqs:
+            for req in rows:
                 assert req.prefix_len <= req.fill_len <= req.seqlen, (req.rid, req.prefix_len, req.fill_len)
                 assert len(req.kv) == req.fill_len, (req.rid, len(req.kv), req.fill_len)
                 assert (req is batch.chunked) == (req.fill_len < req.seqlen), req.rid
@@ -308,19 +319,40 @@ class Run:
                     )
 
 
-def drive(args: ServerArgs, specs: list[Spec], max_steps: int = 20_000) -> Run:
+def drive(args: ServerArgs, specs: list[Spec], max_steps: int = 20_000, overlap: bool = False) -> Run:
     """Run a workload to its end: before each step the arrivals and client aborts due, then one batch.
-    next_batch() returning None while requests are live and none is still to arrive is a stall."""
+    next_batch() returning None while requests are live and none is still to arrive is a stall.
+    `overlap`: SGLang's overlap loop: each pass runs while the last batch's result is still to come,
+    and that result is processed right after it."""
     run = Run(Scheduler(args, eos_token_ids=frozenset({EOS})), {s.rid: s for s in specs})
     pending = sorted(specs, key=lambda s: s.arrive_at)  # stable: equal times keep workload order
     step = 0
+    in_flight: ScheduledBatch | None = None
     while True:
         while pending and pending[0].arrive_at <= step:
             run.arrive(pending.pop(0))
         for spec in specs:
             if spec.abort_at == step:
                 run.client_abort(spec.rid)
+        run.lagging = in_flight
         batch = run.schedule()
+        if overlap:
+            if in_flight is not None:
+                run.execute(in_flight)
+            in_flight = batch
+            if batch is None:
+                if run.lagging is not None:
+                    continue  # the pass after a result: nothing new was in flight
+                if not pending:
+                    if run.live():
+                        raise DriverFailure(f"stall at step {step} under the overlap loop")
+                    break
+                step = max(step + 1, pending[0].arrive_at)
+                continue
+            step += 1
+            if run.steps > max_steps:
+                raise DriverFailure(f"{len(run.live())} requests still live after {max_steps} steps")
+            continue
         if batch is None:
             if not pending:
                 if run.live():
@@ -445,7 +477,8 @@ def server_args(draw: st.DrawFn, pressure: bool = False) -> ServerArgs:
         prefill_max_requests=draw(st.one_of(st.none(), st.none(), st.integers(1, 3))),
         schedule_policy=draw(st.sampled_from(["fcfs", "lpm", "lof", "random"])),
         disable_radix_cache=draw(st.booleans()),
-        sglang_version=draw(st.sampled_from(["0.5.22", "0.5.10"])),
+        sglang_version=draw(st.sampled_from(["0.5.22", "0.5.22", "0.5.23", "0.5.10"])),
+        enable_mixed_chunk=draw(st.booleans()),
         random_seed=draw(st.integers(0, 3)),
         context_length=draw(st.one_of(st.none(), st.none(), st.integers(32, 4096))),
         knobs=knobs,
@@ -524,6 +557,18 @@ def test_small_pools_under_pressure_retract_and_abort_without_breaking_the_invar
 ) -> None:
     args, specs = scenario
     run = drive(args, specs)
+    _label(run)
+    check_every_request_ended_once(run)
+    check_idle_and_no_leak(run)
+
+
+@settings(deadline=None, max_examples=120, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios(pressure=True))
+def test_the_overlap_loop_keeps_the_invariants_and_ends_every_request_exactly_once(
+    scenario: tuple[ServerArgs, list[Spec]],
+) -> None:
+    args, specs = scenario
+    run = drive(args, specs, overlap=True)
     _label(run)
     check_every_request_ended_once(run)
     check_idle_and_no_leak(run)

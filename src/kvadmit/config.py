@@ -15,6 +15,10 @@ SCHEDULE_POLICIES = ("fcfs", "lpm", "lof", "random")
 # --admission-policy (not an SGLang flag): SGLang's forecast, or one of the alternatives it is compared
 # with (scheduler/policy.py).
 ADMISSION_POLICIES = ("sglang", "reserve-all", "optimistic")
+# --retraction-policy: SGLang's length rule, or lower priority first (scheduler/priority.py)
+RETRACTION_POLICIES = ("length", "priority")
+# --enable-priority-scheduling works with these --schedule-policy values only (SGLang asserts it at start-up)
+PRIORITY_SCHEDULE_POLICIES = ("fcfs", "lof")
 LastRequestOom = Literal["abort", "value_error", "assertion"]
 # The context length a simulated server assumes when --context-length is not given and there is no model to
 # read it from (kvadmit simulate, kvadmit serve --simulate).
@@ -227,6 +231,17 @@ class ServerArgs:
     # SGLang's default is the overlap loop (docs/sglang-rules.md A.1): the next pass is scheduled before
     # the last step's result is processed. True selects the non-overlap loop.
     disable_overlap_schedule: bool = False
+    # --enable-mixed-chunk: a prefill batch also carries one decode row per running request (with chunked
+    # prefill on; docs/sglang-rules.md A.5)
+    enable_mixed_chunk: bool = False
+    # priority scheduling (scheduler/priority.py, docs/sglang-rules.md §13)
+    enable_priority_scheduling: bool = False
+    schedule_low_priority_values_first: bool = False
+    default_priority_value: int | None = None
+    abort_on_priority_when_disabled: bool = False
+    disable_priority_preemption: bool = False
+    priority_scheduling_preemption_threshold: int = 10
+    retraction_policy: str = "length"
     knobs: SchedulerKnobs = field(default_factory=SchedulerKnobs)
     admission_policy: str = "sglang"
 
@@ -266,6 +281,11 @@ class ServerArgs:
             )
         if self.context_length is not None and self.context_length <= 1:
             raise ConfigError(f"--context-length must be at least 2, got {self.context_length}")
+        if self.retraction_policy not in RETRACTION_POLICIES:
+            raise ConfigError(
+                f"--retraction-policy {self.retraction_policy!r} is not supported; choose one of "
+                + ", ".join(RETRACTION_POLICIES)
+            )
         version_profile(self.sglang_version)  # raises ConfigError for a malformed version
         if self.admission_policy not in ADMISSION_POLICIES:
             raise ConfigError(
@@ -281,6 +301,13 @@ class ServerArgs:
             raise ConfigError(
                 f"--chunked-prefill-size {chunk} must be a multiple of --page-size {self.page_size}"
             )
+        if self.enable_priority_scheduling and self.schedule_policy not in PRIORITY_SCHEDULE_POLICIES:
+            raise ConfigError(
+                "To use priority scheduling, schedule_policy must be 'fcfs' or 'lof'. "
+                f"'{self.schedule_policy}' is not supported."
+            )
+        if self.retraction_policy == "priority" and not self.enable_priority_scheduling:
+            raise ConfigError("--retraction-policy priority requires --enable-priority-scheduling")
 
     @property
     def profile(self) -> VersionProfile:

@@ -34,10 +34,12 @@ class OfflineEngine:
         dtype: str = "auto",
         device: str | None = None,
         mem_fraction_static: float | None = None,
+        quantization: str | None = None,
         **server_args: Any,
     ) -> None:
         """dtype: "auto" (bfloat16 where the CPU or GPU computes it natively, else float32 on a CPU and
-        float16 on a GPU), "bfloat16", "float16" or "float32". device: "cuda" when present, else "cpu"."""
+        float16 on a GPU), "bfloat16", "float16" or "float32". device: "cuda" when present, else "cpu".
+        quantization: None, or int8 / int4 for weight-only quantized weights on the CPU."""
         from kvadmit.executor.torch_runner import TorchExecutor
         from kvadmit.model.runtime import load_model
 
@@ -47,8 +49,10 @@ class OfflineEngine:
             device=device,
             max_total_tokens=server_args.get("max_total_tokens"),
             mem_fraction_static=mem_fraction_static,
+            quantization=quantization,
         )
         self.device = loaded.device
+        self.quantization = loaded.quantization
         self.tokenizer = loaded.tokenizer
         self.model = loaded.model
         self.dtype = loaded.dtype

@@ -45,6 +45,7 @@ class SamplingLimits:
     ignore_eos: bool = False
     min_new_tokens: int = 0
     stop_token_ids: frozenset[int] = frozenset()
+    priority: int | None = None  # the request's priority (SGLang's `priority` field), None: not given
 
 
 @dataclass(slots=True, eq=False)
@@ -67,6 +68,9 @@ class Req:
     params: SamplingParams = DEFAULT_PARAMS  # how its tokens are drawn (frozen: one default serves all)
     output_ids: list[int] = field(default_factory=list)
     seq: int = 0  # arrival order, for fcfs ties and deterministic ordering
+    # The client's priority (None: not given); with priority scheduling on, add_request resolves it to an
+    # int (scheduler/priority.py). Larger is more urgent unless --schedule-low-priority-values-first.
+    priority: int | None = None
 
     # The output budget in force (see above; set by __post_init__, then by the scheduler).
     max_new_tokens: int = field(init=False)
@@ -87,12 +91,22 @@ class Req:
     retraction_count: int = 0
     finished_reason: FinishReason | None = None
     abort_requested: bool = False  # the client aborted it; it ends at its next result
+    queue_entry: int = 0  # when it last entered the waiting queue (a counter: SGLang's wait_queue_entry_time)
+    # len(prompt + outputs) when a prefill pass last prepared it (0: never): SGLang's fill-id array, which
+    # priority preemption reads before the candidate is prepared again (scheduler/priority.py)
+    examined_fill_len: int = 0
+
+    def __repr__(self) -> str:
+        # Short: a request's prompt and KV can be long, and tracebacks or list.index misses format it.
+        return f"Req(rid={self.rid!r}, prompt={len(self.origin_input_ids)}, outputs={len(self.output_ids)})"
 
     def __post_init__(self) -> None:
         asked = self.sampling.requested_max_new_tokens
         self.max_new_tokens = MAX_NEW_TOKENS_UNSET if asked is None else asked
         self.min_new_tokens = self.sampling.min_new_tokens
         self.stop_token_ids = self.sampling.stop_token_ids
+        if self.priority is None:
+            self.priority = self.sampling.priority
 
     @property
     def seqlen(self) -> int:

@@ -82,6 +82,8 @@ async def send_one(
     payload = build_payload(api, row.prompt, output_len, opts)
     out = RequestOutcome(prompt_len=row.prompt_len)
     out.max_new_tokens, out.ignore_eos = asked_limits(payload)
+    if row.priority is not None:
+        payload["priority"] = out.priority = row.priority
     sent = time.perf_counter()
     out.start_time = sent
     reader = StreamReader(api, sent, output_len)

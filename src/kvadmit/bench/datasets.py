@@ -40,6 +40,7 @@ class DatasetRow:
     prompt: str | list[int]
     prompt_len: int
     output_len: int
+    priority: int | None = None  # sent as the request's `priority` (--priority-mix)
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,6 +29,7 @@ class RequestOutcome:
     cached_tokens: int = 0
     max_new_tokens: int = 0  # the token budget the request asked for (as sent, after --extra-request-body)
     ignore_eos: bool = False  # as sent
+    priority: int | None = None  # the priority it sent (--priority-mix), None: none
 
 
 @dataclass(frozen=True, slots=True)

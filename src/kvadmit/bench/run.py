@@ -13,7 +13,7 @@ import json
 import signal
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import IO, Any
 
 import aiohttp
@@ -24,8 +24,10 @@ from kvadmit.bench.client import Exchange, Traffic, describe, new_http_client, s
 from kvadmit.bench.datasets import DatasetError, DatasetRow, DatasetSpec, build_dataset
 from kvadmit.bench.metrics import calculate_metrics
 from kvadmit.bench.output import append_line, details, result_record
+from kvadmit.bench.priority_classes import render_priority_classes
 from kvadmit.bench.summary import render_summary
 from kvadmit.bench.tokenizer import BenchTokenizer, TokenizerError, choose_tokenizer, load_tokenizer
+from kvadmit.bench.workload import PriorityMix, draw_priorities
 from kvadmit.errors import UsageError
 
 EXIT_FAILED = 1  # the server cannot be reached, the warm-up failed, or no request succeeded
@@ -58,6 +60,7 @@ class BenchConfig:
     output_details: bool = False
     disable_tqdm: bool = False
     ready_check_timeout_s: float = 60.0
+    priority_mix: PriorityMix | None = None  # each request sends a priority drawn with these weights
 
     @property
     def server_url(self) -> str:
@@ -150,6 +153,9 @@ async def _run(cfg: BenchConfig, out: IO[str], err: IO[str]) -> int:
     url = cfg.server_url + spec.path
     async with new_http_client() as http:
         model, tok, rows, rng = await _prepare(cfg, http, err)
+        if cfg.priority_mix:
+            drawn = draw_priorities(cfg.priority_mix, len(rows), cfg.dataset.seed)
+            rows = [replace(row, priority=p) for row, p in zip(rows, drawn, strict=True)]
         opts = PayloadOptions(model, cfg.stream, cfg.ignore_eos, cfg.extra_request_body)
         print(f"#Input tokens: {sum(r.prompt_len for r in rows)}", file=err)
         print(f"#Output tokens: {sum(r.output_len for r in rows)}", file=err)
@@ -238,6 +244,9 @@ def _report(
                        max_concurrency=cfg.traffic.max_concurrency, duration_s=duration),
         file=out,
     )  # fmt: skip
+    by_priority = render_priority_classes(outcomes)
+    if by_priority is not None:
+        print(by_priority, file=out)
     out.flush()
     if cfg.output_file:
         d = cfg.dataset

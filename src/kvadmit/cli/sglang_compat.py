@@ -39,7 +39,7 @@ def add_sglang_flags(p: argparse.ArgumentParser) -> None:
         f"SGLang {SGLANG_FLAGS_VERSION}'s other launch flags",
         "All of them parse, so that a `python -m sglang.launch_server` line runs as it is. One that would "
         "change decisions kvadmit does not model (parallelism, speculative decoding, disaggregation, "
-        "hybrid pools, mixed chunks, priorities, ...) is refused with one line; the others have no effect "
+        "hybrid pools, mixed chunks, ...) is refused with one line; the others have no effect "
         "here, and the start-up log names those given.",
     )
     g.add_argument(
@@ -87,6 +87,11 @@ def _refusal(flag: SglangFlag, value: object) -> str | None:
 def check_sglang_flags(ns: argparse.Namespace) -> list[str]:
     """Refuse what kvadmit does not model (UsageError, one line); otherwise the start-up log's notes about
     SGLang's flags: those given that have no effect here, and the event loop kvadmit runs."""
+    if ns.schedule_policy == "priority":
+        raise UsageError(
+            "--schedule-policy priority: SGLang 0.5.22's parser takes it but its scheduler stops with "
+            '"Unknown schedule_policy"; priority scheduling is --enable-priority-scheduling (fcfs or lof)'
+        )
     if ns.schedule_policy in UNMODELLED_SCHEDULE_POLICIES:
         raise UsageError(
             f"--schedule-policy {ns.schedule_policy}: kvadmit models SGLang's "

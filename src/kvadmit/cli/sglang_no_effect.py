@@ -1,7 +1,7 @@
 """SGLang's launch flags that parse and have no effect on kvadmit's engine (sglang_treatment.py says how the
 three tables split SGLang's list): logging and tracing, kernels and backends, networking, model loading
 options, and the tuning of features that a refused flag turns on (speculative decoding, disaggregation,
-hierarchical caches, LoRA, priorities), which cannot be on here."""
+hierarchical caches, LoRA), which cannot be on here."""
 
 # fmt: off
 NO_EFFECT: tuple[str, ...] = (
@@ -10,8 +10,7 @@ NO_EFFECT: tuple[str, ...] = (
     "model_config_parser", "json_model_override_args", "quantization_param_path", "enable_fp32_lm_head",
     "modelopt_quant", "modelopt_checkpoint_restore_path", "modelopt_checkpoint_save_path",
     "modelopt_export_path", "quantize_and_serve", "rl_quant_profile", "enable_tf32_matmul",
-    "enable_dynamic_chunking", "disable_priority_preemption", "default_priority_value",
-    "schedule_low_priority_values_first", "priority_scheduling_preemption_threshold", "c128_page_size",
+    "enable_dynamic_chunking", "c128_page_size",
     "disable_hybrid_swa_memory", "enable_page_major_kv_layout", "enable_unified_memory",
     "disable_chunked_prefix_cache", "nccl_port", "dist_timeout", "dist_init_addr", "gated_launch_port",
     "nnodes", "node_rank", "pp_max_micro_batch_size", "pp_async_batch_depth", "load_balance_method",

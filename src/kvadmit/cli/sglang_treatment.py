@@ -23,6 +23,7 @@ IMPLEMENTED: dict[str, str] = {
     "tokenizer_path": "--tokenizer-path",
     "context_length": "--context-length",
     "dtype": "--dtype",
+    "quantization": "--quantization",
     "mem_fraction_static": "--mem-fraction-static",
     "max_running_requests": "--max-running-requests",
     "max_queued_requests": "--max-queued-requests",
@@ -45,10 +46,21 @@ IMPLEMENTED: dict[str, str] = {
     "enable_metrics": "--enable-metrics",
     "decode_log_interval": "--decode-log-interval",
     "disable_overlap_schedule": "--disable-overlap-schedule",
+    "enable_mixed_chunk": "--enable-mixed-chunk",
     "config": "--config",
+    # priority scheduling (scheduler/priority.py)
+    "enable_priority_scheduling": "--enable-priority-scheduling",
+    "schedule_low_priority_values_first": "--schedule-low-priority-values-first",
+    "default_priority_value": "--default-priority-value",
+    "abort_on_priority_when_disabled": "--abort-on-priority-when-disabled",
+    "disable_priority_preemption": "--disable-priority-preemption",
+    "priority_scheduling_preemption_threshold": "--priority-scheduling-preemption-threshold",
+    "retraction_policy": "--retraction-policy",
 }
 
-# --schedule-policy: SGLang 0.5.22's choices kvadmit does not model (its own: config.SCHEDULE_POLICIES)
+# --schedule-policy: SGLang 0.5.22's choices kvadmit does not model (its own: config.SCHEDULE_POLICIES).
+# 'priority' is a choice of SGLang's parser that its scheduler then rejects ("Unknown schedule_policy");
+# priority scheduling is --enable-priority-scheduling.
 UNMODELLED_SCHEDULE_POLICIES = ("dfs-weight", "priority", "routing-key", "hrrn", "shortest-prefill-first")
 
 
@@ -62,7 +74,6 @@ _ONE_DEVICE = "kvadmit runs one scheduler on one device: no tensor, pipeline, da
 _SPEC = "kvadmit does not model speculative decoding (its admission reserves draft tokens)"
 _PD = "kvadmit does not model prefill/decode or encoder disaggregation"
 _HYBRID = "kvadmit models one full-attention KV pool, not hybrid SWA or mamba pools"
-_LOOP = "kvadmit models SGLang's overlap and non-overlap loops with no mixed chunks and no priorities today"
 _CACHE = "kvadmit models the GPU radix cache with LRU eviction, not host, storage or external caches"
 _LORA = "kvadmit does not model LoRA adapters (SGLang's admission limits adapters per batch)"
 _DELAY = "kvadmit admits as soon as the budget allows; it does not model prefill delays"
@@ -94,17 +105,12 @@ REFUSED: dict[str, Refusal] = {
     "max_mamba_cache_size": Refusal(_NONE, _HYBRID),
     "mamba_full_memory_ratio": Refusal(_NONE, _HYBRID),
     "kv_cache_dtype": Refusal(("auto",), "kvadmit keeps the KV cache in the model's dtype"),
-    "quantization": Refusal(_NONE, "kvadmit loads unquantized weights (the pool size follows from them)"),
     "is_embedding": Refusal(_OFF, "kvadmit serves generation, not embeddings"),
     "prefill_only_disable_kv_cache": Refusal(_OFF, "kvadmit serves generation, not embeddings"),
     "dllm_algorithm": Refusal(_NONE, "kvadmit does not model diffusion language models"),
     # the event loop and the admission order
-    "enable_mixed_chunk": Refusal(_OFF, _LOOP),
-    "enable_priority_scheduling": Refusal(_OFF, _LOOP),
-    "abort_on_priority_when_disabled": Refusal(_OFF, _LOOP),
     "num_continuous_decode_steps": Refusal((1,), "kvadmit schedules before every decode step"),
     "scheduler_recv_interval": Refusal((1,), "kvadmit's scheduler takes new requests before every step"),
-    "retraction_policy": Refusal(("length",), "kvadmit retracts by SGLang's length rule only"),
     "prefill_decode_interval": Refusal((None, 0), _DELAY),
     "enable_prefill_delayer": Refusal(_OFF, _DELAY),
     "prefill_delayer_queue_min_ratio": Refusal(_NONE, _DELAY),

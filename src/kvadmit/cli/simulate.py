@@ -70,6 +70,7 @@ def simulate_config(ns: argparse.Namespace) -> SimConfig:
         max_new_tokens=ns.max_new_tokens,
         stop=ns.stop_distribution,
         output_lens=lens,
+        priority_mix=ns.priority_mix,
     )
     try:
         workload.validate()
@@ -110,6 +111,7 @@ def simulate_config(ns: argparse.Namespace) -> SimConfig:
 def run(ns: argparse.Namespace) -> int:
     from contextlib import ExitStack
 
+    from kvadmit.bench.priority_classes import render_priority_classes
     from kvadmit.bench.summary import render_summary
     from kvadmit.observe.startup import loop_line
     from kvadmit.sim.run import WarmupFailed, simulate
@@ -151,6 +153,9 @@ def run(ns: argparse.Namespace) -> int:
     )
     if table is not None:
         print(table)
+    by_priority = render_priority_classes(result.outcomes)
+    if by_priority is not None:
+        print(by_priority)
     return 0
 
 

@@ -33,25 +33,41 @@ class SimulatedExecutor:
 
     def run(self, batch: ScheduledBatch) -> StepResult:
         if batch.kind == "prefill":
-            tokens = self._prefill_tokens(batch)
-            new = sum(r.extend_input_len for r in batch.reqs)
-            cached = sum(r.prefix_len for r in batch.reqs)
-            return StepResult(tokens, self.cost.prefill.seconds(len(batch.reqs), new, cached))
-        step = self._decode_steps
-        self._decode_steps += 1
-        tokens = [TEXT_TOKEN_ID] * len(batch.reqs)
-        for req, retractions in self._due.pop(step, ()):
-            if req.retraction_count == retractions and req.finished_reason is None:
-                tokens[batch.reqs.index(req)] = self.eos
+            return self._run_prefill(batch)
+        tokens = self._decode_tokens(batch.reqs)
         kv = 0
         if self.cost.decode.needs_kv_tokens:
             # The KV the batch holds: the scheduler's running sum (summing here was a sixth of a long run)
             kv = batch.kv_tokens if batch.kv_tokens >= 0 else sum(map(len, map(_KV, batch.reqs)))
         return StepResult(tokens, self.cost.decode.seconds(len(batch.reqs), kv))
 
-    def _prefill_tokens(self, batch: ScheduledBatch) -> list[int]:
+    def _decode_tokens(self, reqs: list[Req]) -> list[int]:
+        """One decode step's tokens (a decode batch, or a mixed chunk's decode rows): EOS where it is due."""
+        step = self._decode_steps
+        self._decode_steps += 1
+        tokens = [TEXT_TOKEN_ID] * len(reqs)
+        for req, retractions in self._due.pop(step, ()):
+            if req.retraction_count == retractions and req.finished_reason is None:
+                tokens[reqs.index(req)] = self.eos
+        return tokens
+
+    def _run_prefill(self, batch: ScheduledBatch) -> StepResult:
+        rows = batch.reqs
+        decode_tokens: list[int] = []
+        if batch.decoding:
+            # Mixed chunk: the running requests' decode step rides in this batch (it counts as their decode
+            # step, before the new requests' next tokens are filed). Its cost: one more new token each,
+            # attending to its KV, in the prefill's time.
+            rows = batch.reqs[: len(batch.reqs) - len(batch.decoding)]
+            decode_tokens = self._decode_tokens(batch.decoding)
+        tokens = self._prefill_tokens(batch, rows) + decode_tokens
+        new = sum(r.extend_input_len for r in rows) + len(decode_tokens)
+        cached = sum(r.prefix_len for r in rows) + sum(len(r.kv) - 1 for r in batch.decoding or ())
+        return StepResult(tokens, self.cost.prefill.seconds(len(batch.reqs), new, cached))
+
+    def _prefill_tokens(self, batch: ScheduledBatch, rows: list[Req]) -> list[int]:
         tokens = []
-        for req in batch.reqs:
+        for req in rows:
             true_len = self.true_output_len.get(req.rid)
             number = len(req.output_ids) + 1  # the token this prefill produces
             if true_len is not None and number >= true_len:

@@ -38,9 +38,10 @@ class TorchExecutor:
         ids: list[int] = []
         positions: list[int] = []
         seqs: list[Sequence] = []
+        decoding = set(map(id, batch.decoding or ()))  # mixed chunk: decode rows in a prefill batch
         for i, req in enumerate(batch.reqs):
             kv = req.kv
-            if batch.kind == "prefill":
+            if batch.kind == "prefill" and id(req) not in decoding:
                 begin, end = req.prefix_len, req.fill_len
                 ids += req.fill_ids()[begin:end]
             else:

@@ -56,11 +56,11 @@ def pack_linears(model: nn.Module) -> int:
                     setattr(parent, name, packed)
                     count += 1
     if count:
-        _return_freed_memory()
+        return_freed_memory()
     return count
 
 
-def _return_freed_memory() -> None:
+def return_freed_memory() -> None:
     """Hand the replaced weights' memory back to the system (glibc keeps freed heap memory otherwise)."""
     import ctypes
     import ctypes.util

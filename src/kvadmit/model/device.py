@@ -36,9 +36,13 @@ def cpu_has_bf16(flags: set[str] | None = None) -> bool:
     return platform.machine() in ("aarch64", "arm64") and "bf16" in flags
 
 
-def resolve_dtype(name: str | None, device: str) -> torch.dtype:
-    """ "auto" (or None): bfloat16 where native, else float16 on CUDA and float32 on the CPU."""
+def resolve_dtype(name: str | None, device: str, quantized: bool = False) -> torch.dtype:
+    """ "auto" (or None): bfloat16 where native, else float16 on CUDA and float32 on the CPU; with quantized
+    weights (quant.py) float32 on the CPU: the residual stream, norms and attention in float32, the
+    quantized matmuls in bfloat16 (the activation dtype their kernels are fast with)."""
     if name is None or name == "auto":
+        if quantized and device == "cpu":
+            return torch.float32
         if device.startswith("cuda"):
             return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
         return torch.bfloat16 if cpu_has_bf16() else torch.float32

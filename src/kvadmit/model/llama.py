@@ -229,6 +229,7 @@ class CausalLM(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
+        self.kv_dtype: torch.dtype | None = None  # the KV pool's dtype when not the model's (quant.py)
 
     def tie_and_init_buffers(self) -> None:
         """After loading weights into a model built on the meta device: tie lm_head to the embedding
@@ -265,7 +266,7 @@ class CausalLM(nn.Module):
         first."""
         cfg = self.cfg
         shape = (2 * cfg.num_kv_heads, size, cfg.head_dim)
-        dtype = dtype or self.dtype
+        dtype = dtype or self.kv_dtype or self.dtype
         pools = [torch.empty(shape, dtype=dtype, device=self.device) for _ in range(cfg.num_layers)]
         for pool in pools:
             # A slot is read only after its token's K and V are written, except slot 0, which pads short
@@ -285,10 +286,13 @@ class CausalLM(nn.Module):
         return self.forward_batch(fb, kv_pool)
 
     @torch.inference_mode()
-    def forward_batch(self, fb: ForwardBatch, kv_pool: list[torch.Tensor]) -> torch.Tensor:
-        """[B, vocab] logits of each sequence's last new token."""
+    def forward_batch(
+        self, fb: ForwardBatch, kv_pool: list[torch.Tensor], all_positions: bool = False
+    ) -> torch.Tensor:
+        """[B, vocab] logits of each sequence's last new token ([T, vocab], of every new token, with
+        all_positions)."""
         h = self.model.embed_tokens(fb.input_ids)
         rope = rope_tables(fb.positions, self.inv_freq, h.dtype)
         for layer, pool in zip(self.model.layers, kv_pool, strict=True):
             h = layer(h, rope, fb, pool)
-        return self.lm_head(self.model.norm(h[fb.last]))
+        return self.lm_head(self.model.norm(h if all_positions else h[fb.last]))

@@ -17,15 +17,29 @@ class ModelLoadError(ValueError):
 
 
 def load_hf_folder(
-    path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu", pack: bool = True
+    path: str | Path,
+    dtype: torch.dtype = torch.float32,
+    device: str = "cpu",
+    pack: bool = True,
+    quantization: str | None = None,
 ) -> CausalLM:
-    """The model in `folder`, in `dtype` on `device`. On CPU in bf16 its linear layers are packed for
-    oneDNN (cpu_pack.py) unless `pack` is False."""
+    """The model in `folder`, in `dtype` on `device`. With `quantization` (a name of quant.QUANTIZATIONS)
+    its linear layers get quantized weights (quant.py); else on CPU in bf16 they are packed for oneDNN
+    (cpu_pack.py) unless `pack` is False."""
     from safetensors.torch import load_file
 
-    from kvadmit.model.cpu_pack import pack_linears
+    from kvadmit.model.cpu_pack import pack_linears, return_freed_memory
+    from kvadmit.model.quant import NO_QUANTIZATION, QUANTIZATIONS, quantize_linears
 
     folder = Path(path)
+    if quantization in NO_QUANTIZATION:
+        quantization = None
+    elif quantization not in QUANTIZATIONS:
+        raise ModelLoadError(
+            f"quantization {quantization!r} is not supported; choose {', '.join(QUANTIZATIONS)}"
+        )
+    elif device != "cpu":
+        raise ModelLoadError(f"--quantization {quantization} runs on the CPU only (its kernels are CPU ones)")
     config_path = folder / "config.json"
     if not config_path.is_file():
         raise ModelLoadError(f"{folder} has no config.json")
@@ -70,6 +84,9 @@ def load_hf_folder(
     del state
     model.tie_and_init_buffers()
     model.eval()
-    if pack and model.device.type == "cpu":
+    if quantization is not None:
+        quantize_linears(model, quantization, dtype)
+        return_freed_memory()
+    elif pack and model.device.type == "cpu":
         pack_linears(model)
     return model

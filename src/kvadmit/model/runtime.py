@@ -20,6 +20,7 @@ class LoadedModel:
     model: CausalLM
     device: str
     dtype: str  # "bfloat16", "float32", …
+    quantization: str | None  # a name of quant.QUANTIZATIONS, or None for the weights as they are
     pool_size: int
     available_bytes: int  # at start-up, where the pool lives
 
@@ -72,23 +73,26 @@ def load_model(
     device: str | None = None,
     max_total_tokens: int | None = None,
     mem_fraction_static: float | None = None,
+    quantization: str | None = None,
 ) -> LoadedModel:
     from transformers import AutoTokenizer
 
     from kvadmit.model.device import default_device, resolve_dtype
     from kvadmit.model.loading import load_hf_folder
+    from kvadmit.model.quant import NO_QUANTIZATION
     from kvadmit.model.sizing import available_bytes, default_mem_fraction, kv_bytes_per_token, pool_tokens
 
     device = device or default_device()
-    torch_dtype = resolve_dtype(dtype, device)
+    torch_dtype = resolve_dtype(dtype, device, quantized=quantization not in NO_QUANTIZATION)
     folder = resolve_model_path(model_path)
     tok_path = tokenizer_path or str(folder)
     tokenizer = AutoTokenizer.from_pretrained(tok_path)
-    model = load_hf_folder(folder, torch_dtype, device)
+    model = load_hf_folder(folder, torch_dtype, device, quantization=quantization)
     available = available_bytes(device)
     if max_total_tokens is None:
         cfg = model.cfg
-        per_token = kv_bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, model.dtype.itemsize)
+        kv_itemsize = (model.kv_dtype or model.dtype).itemsize
+        per_token = kv_bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, kv_itemsize)
         fraction = default_mem_fraction(device) if mem_fraction_static is None else mem_fraction_static
         max_total_tokens = pool_tokens(available, fraction, model.weight_bytes(), per_token)
     return LoadedModel(
@@ -98,6 +102,7 @@ def load_model(
         model=model,
         device=device,
         dtype=str(torch_dtype).removeprefix("torch."),
+        quantization=None if quantization in NO_QUANTIZATION else quantization,
         pool_size=max_total_tokens,
         available_bytes=available,
     )

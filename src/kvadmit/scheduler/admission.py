@@ -52,6 +52,7 @@ def prepare_candidate(req: Req, cache: RadixCache, continuing_chunk: bool = Fals
         req.prefix_len = len(match.value)
     req.fill_len = req.seqlen
     req.extend_input_len = req.seqlen - req.prefix_len
+    req.examined_fill_len = req.seqlen
 
 
 class Budget(NamedTuple):
@@ -85,7 +86,11 @@ class AdmissionPass:
         rem_chunk_tokens: int | None,
         prefill_max_requests: int | None = None,
         ignore_eos_occupancy_check: bool = True,
+        mixed_decode_tokens: int = 0,
     ) -> None:
+        """`mixed_decode_tokens` (--enable-mixed-chunk): the running requests' decode rows that ride in
+        this prefill batch, one token each, taken from the input and chunk budgets and counted as used
+        from the start, as SGLang's PrefillAdder and PrefillBudget take num_mixed_decode_tokens."""
         self.cache = cache
         self.pool = pool
         self.running = running
@@ -93,8 +98,10 @@ class AdmissionPass:
         self.page_size = page_size
         self.profile = profile
         self.clip = clip_max_new_tokens
-        self.rem_input_tokens = rem_input_tokens
-        self.rem_chunk_tokens = rem_chunk_tokens
+        self.rem_input_tokens = rem_input_tokens - mixed_decode_tokens
+        self.rem_chunk_tokens = (
+            rem_chunk_tokens - mixed_decode_tokens if rem_chunk_tokens is not None else None
+        )
         self.prefill_max_requests = prefill_max_requests
         # False under an --admission-policy other than sglang: every request takes the normal path.
         self.ignore_eos_occupancy_check = ignore_eos_occupancy_check
@@ -105,12 +112,15 @@ class AdmissionPass:
         self.log_input_tokens = 0
         self.reprocessed_log_input_tokens = 0  # the part of log_input_tokens that retracted requests redo
 
-        self.current_offset = 0
-        self._charges: list[int] = []  # what each admission added to total_offset, in order
-        self._charge_sum = 0
+        self.current_offset = mixed_decode_tokens
+        # what each admission added to total_offset, in order (and, negated, what each preemption took out);
+        # SGLang's total_offset starts at the mixed decode tokens (float addition commutes: the same value)
+        self._charges: list[float | int] = [mixed_decode_tokens] if mixed_decode_tokens else []
+        self._charge_sum = mixed_decode_tokens
         self._base_fast, self._base_err = running.fast_reservation(new_token_ratio)
         self._base_exact: float | None = None
         self._eos_states: list[tuple[float, int]] | None = None
+        self._exact_only = False  # after a preemption: every budget test takes the exact sum
 
     # ----- the budget ------------------------------------------------------------------------
     def available_and_evictable(self) -> int:
@@ -147,6 +157,8 @@ class AdmissionPass:
     def _rem_total_fast(self) -> tuple[float, float]:
         """rem_total_tokens from the running sums, and a bound on its distance from the exact value:
         the reservation's own bound plus one rounding per charge and per operation here."""
+        if self._exact_only:
+            return 0.0, float("inf")
         ae = self.available_and_evictable()
         offset = self._base_fast + self._charge_sum
         err = self._base_err + (len(self._charges) + 4) * 2.0**-52 * (ae + abs(offset) + 1.0)
@@ -198,6 +210,19 @@ class AdmissionPass:
         self.log_input_tokens += logged
         if retracted:
             self.reprocessed_log_input_tokens += logged
+
+    def running_offset(self, req: Req) -> float | int:
+        """What running `req` holds back in this pass (SGLang's _get_running_request_total_token_offset)."""
+        r = 1.0 if self.running.full_for_ignore_eos and req.sampling.ignore_eos else self.ratio
+        return min(req.max_new_tokens - len(req.output_ids), self.running.clip) * r
+
+    def release_running(self, reqs: list[Req]) -> None:
+        """Running requests were preempted (before they leave the batch): their reservations leave the
+        budget, subtracted one by one in batch order after what was added so far, as SGLang does."""
+        if self._base_exact is None:
+            self._base_exact = self.running.exact_reservation(self.ratio)
+        self._charges.extend(-self.running_offset(r) for r in reqs)
+        self._exact_only = True
 
     # ----- the in-flight chunked request -------------------------------------------------------
     def add_chunked_req(self, req: Req) -> Req | None:

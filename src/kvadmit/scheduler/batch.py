@@ -45,6 +45,7 @@ class RunningBatch:
         "kv_tokens",
         "kvs",
         "outs",
+        "priority_counts",
         "reqs",
     )
 
@@ -68,6 +69,8 @@ class RunningBatch:
         # requests that have left the batch stay until their step comes and are skipped then.
         self._due: list[tuple[int, int, Req]] = []
         self._pushed = 0
+        # How many members hold each priority (priority scheduling): the least urgent member in O(#values).
+        self.priority_counts: dict[int, int] = {}
         if reqs:
             self.extend(reqs)
 
@@ -89,7 +92,10 @@ class RunningBatch:
             self._sum_ratio += sign * self._term(req)
 
     def extend(self, reqs: list[Req]) -> None:
+        counts = self.priority_counts
         for req in reqs:
+            if req.priority is not None:
+                counts[req.priority] = counts.get(req.priority, 0) + 1
             self.reqs.append(req)
             self.outs.append(req.output_ids)
             self.kvs.append(req.kv)
@@ -111,6 +117,7 @@ class RunningBatch:
         self._sum_full = self._sum_ratio = self._n_full = 0
         self._above = []
         self._due = []
+        self.priority_counts = {}
         self.extend(reqs)
 
     def drop_at(self, positions: list[int]) -> None:
@@ -123,6 +130,12 @@ class RunningBatch:
             self.kv_tokens -= len(self.kvs[i])
             del self.reqs[i], self.outs[i], self.kvs[i]
             gone.add(id(req))
+            if req.priority is not None:
+                left = self.priority_counts[req.priority] - 1
+                if left:
+                    self.priority_counts[req.priority] = left
+                else:
+                    del self.priority_counts[req.priority]
         if self._above:
             self._above = [r for r in self._above if id(r) not in gone]
 

@@ -5,6 +5,8 @@ StepResults; the state it reads belongs to Scheduler."""
 
 from __future__ import annotations
 
+from array import array
+from collections import deque
 from collections.abc import Callable
 from typing import Final
 
@@ -22,6 +24,7 @@ from kvadmit.scheduler.retraction import (
     LAST_REQUEST_VALUE_ERROR,
     RetractResult,
     check_decode_mem,
+    evict_for,
     retract_decode,
 )
 from kvadmit.scheduler.types import EngineCrash, ScheduledBatch
@@ -55,6 +58,8 @@ class DecodeMemory:
     last_retract_result: RetractResult | None
     _enqueue: Callable[..., bool]  # RequestIntake's: a retracted request waits again
     in_flight: ScheduledBatch | None
+    _left_in_pass: list[Req]
+    _alloc_kv: Callable[[Req, int], None]
     _dropped_finishing: list[Req]
 
     def check_decode_or_retract(
@@ -102,6 +107,7 @@ class DecodeMemory:
             last.finished_reason = FinishReason(FinishKind.ABORT, LAST_REQUEST_ABORT_MESSAGE, 500)
             self.events.append(LastRequestAborted(last.rid))
             self.events.append(RequestAborted(last.rid, LAST_REQUEST_ABORT_MESSAGE, 500))
+        self._left_in_pass += result.retracted if last is None else [*result.retracted, last]
         running.replace(result.kept)
         new_ratio = ratio_after_retract(
             [len(r.output_ids) for r in result.kept],
@@ -141,3 +147,23 @@ class DecodeMemory:
             in_batch = set(map(id, self.in_flight.reqs))
             self._dropped_finishing = [r for r in due if id(r) in in_batch]
         return self._dropped_finishing
+
+    def drop_finishing_in_flight(self) -> list[Req]:
+        """Take the requests the batch in flight finishes by length out of the running batch."""
+        finishing = self._finishing_in_flight()
+        if finishing:
+            self.running.drop_at(sorted(map(self.running.reqs.index, finishing)))
+        return finishing
+
+    def alloc_decode_slots(self) -> None:
+        """SGLang's prepare_for_decode: one more slot for each running request."""
+        running = self.running
+        if self.page_size == 1:
+            slots = self.pool.alloc_decode(len(running.reqs))
+            deque(map(array.append, running.kvs, slots), maxlen=0)
+        else:
+            # SGLang over-estimates the step: it evicts as if every request needed a fresh page.
+            evict_for(self.cache, self.pool, len(running.reqs) * self.page_size)
+            for req in running.reqs:
+                self._alloc_kv(req, 1)
+        running.kv_tokens += len(running.reqs)  # one slot each

@@ -70,6 +70,15 @@ class Retraction:
 
 
 @dataclass(frozen=True, slots=True)
+class Preemption:
+    """Priority preemption: a more urgent waiting request (`by_rid`) took these running requests' place.
+    SGLang prints nothing and counts nothing for it; kvadmit's explanations and traces name it."""
+
+    rids: tuple[str, ...]
+    by_rid: str
+
+
+@dataclass(frozen=True, slots=True)
 class LastRequestAborted:
     """The last request of a decode batch still did not fit after all others were retracted."""
 
@@ -94,4 +103,12 @@ class StartupInfo:
     device: str = "cuda"
 
 
-Event = PrefillBatchStats | DecodeBatchStats | Retraction | LastRequestAborted | RequestAborted | StartupInfo
+Event = (
+    PrefillBatchStats
+    | DecodeBatchStats
+    | Retraction
+    | Preemption
+    | LastRequestAborted
+    | RequestAborted
+    | StartupInfo
+)

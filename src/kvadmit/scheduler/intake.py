@@ -8,6 +8,11 @@ from kvadmit.request import FinishKind, FinishReason, Req
 from kvadmit.scheduler.batch import RunningBatch
 from kvadmit.scheduler.events import Event, RequestAborted
 from kvadmit.scheduler.output_budget import grant_max_new_tokens
+from kvadmit.scheduler.priority import (
+    ABORTED_BY_PRIORITY_MESSAGE,
+    PRIORITY_DISABLED_MESSAGE,
+    PriorityScheduling,
+)
 from kvadmit.scheduler.results import CLIENT_ABORT_MESSAGE
 from kvadmit.scheduler.types import QUEUE_FULL_MESSAGE, ScheduledBatch
 
@@ -22,6 +27,7 @@ class RequestIntake:
     max_req_len: int
     max_total_num_tokens: int
     eos_token_ids: frozenset[int]
+    prio: PriorityScheduling
     waiting: list[Req]
     running: RunningBatch
     chunked_req: Req | None
@@ -38,6 +44,8 @@ class RequestIntake:
         from what it asked (req.sampling, left as it is), as SGLang's init_req_max_new_tokens does."""
         req.seq = self._seq
         self._seq += 1
+        if not self.prio.resolve(req):
+            return self._reject(req, PRIORITY_DISABLED_MESSAGE, 503)
         input_len = len(req.origin_input_ids)
         if input_len == 0:
             return self._reject(req, "The input is empty: a request needs at least one prompt token.", 400)
@@ -70,7 +78,14 @@ class RequestIntake:
     def _enqueue(self, req: Req, front: bool = False) -> bool:
         cap = self.args.max_queued_requests
         if cap is not None and len(self.waiting) >= cap:
-            return self._reject(req, QUEUE_FULL_MESSAGE, 503)
+            # Retracted and preempted requests come back through here too, and are turned away alike.
+            at = self.prio.queue_full_victim(req, self.waiting)
+            if at is None:
+                return self._reject(req, QUEUE_FULL_MESSAGE, 503)
+            victim = self.waiting.pop(at)
+            self._waiting_tokens -= victim.seqlen
+            self._reject(victim, ABORTED_BY_PRIORITY_MESSAGE, 503)
+        self.prio.stamp(req)
         if front:
             self.waiting.insert(0, req)
         else:
@@ -87,6 +102,8 @@ class RequestIntake:
         """Replace the waiting queue (to build a scheduling moment, as `capacity --scenario` does)."""
         self.waiting = list(reqs)
         self._waiting_tokens = sum(r.seqlen for r in reqs)
+        for req in self.waiting:
+            self.prio.stamp(req)
 
     def abort_request(self, rid: str) -> bool:
         """Client abort. A waiting request ends now; a running or chunked one at its next result."""

@@ -11,6 +11,7 @@ import random
 from kvadmit.memory.pool import TokenPool, new_slots
 from kvadmit.memory.radix import RadixCache
 from kvadmit.request import Req
+from kvadmit.scheduler.priority import PriorityScheduling
 
 WAITING_QUEUE_PREFIX_MATCH_MAX = 128  # above this many waiting, lpm falls back to fcfs for the pass
 IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD = 32  # a match this short is checked against other waiting reqs
@@ -19,11 +20,15 @@ WAITING_PREFIX_REFRESH_INTERVAL = 32  # a cache-agnostic order refreshes the wai
 
 
 class QueueOrder:
-    def __init__(self, policy: str, cache: RadixCache, seed: int = 0) -> None:
+    def __init__(
+        self, policy: str, cache: RadixCache, seed: int = 0, prio: PriorityScheduling | None = None
+    ) -> None:
         self.policy = policy
         self.cache = cache
         self.rng = random.Random(seed)
         self.refresh_calls = 0
+        # priority scheduling (fcfs and lof only: ServerArgs.check_startup refuses the others with it)
+        self.prio = prio if prio is not None and prio.enabled else None
 
     def effective_policy(self, waiting: list[Req]) -> str:
         if self.policy == "lpm" and (not self.cache.enabled or len(waiting) > WAITING_QUEUE_PREFIX_MATCH_MAX):
@@ -32,6 +37,18 @@ class QueueOrder:
 
     def sort(self, waiting: list[Req]) -> None:
         policy = self.effective_policy(waiting)
+        if self.prio is not None:
+            # SGLang tests its configured policy here (lpm without a cache is configured as fcfs), so an
+            # lpm pass that falls back to fcfs for a long queue does not sort by priority.
+            configured = "fcfs" if self.policy == "lpm" and not self.cache.enabled else self.policy
+            if configured == "fcfs":
+                self.prio.sort_fcfs(waiting)
+                self._refresh_waiting_prefixes(waiting)
+                return
+            if configured == "lof":
+                self.prio.sort_lof(waiting)
+                self._refresh_waiting_prefixes(waiting)
+                return
         if policy == "lpm":
             self._sort_lpm(waiting)
             return

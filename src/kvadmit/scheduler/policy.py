@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 
 from kvadmit.config import ADMISSION_POLICIES, SchedulerKnobs
 from kvadmit.request import Req
+from kvadmit.scheduler.priority import PriorityScheduling
 from kvadmit.scheduler.retraction import retraction_order
 
 NO_CLIP = 1 << 30  # larger than any max_new_tokens the scheduler accepts
@@ -63,5 +64,9 @@ POLICIES = {
 assert tuple(POLICIES) == ADMISSION_POLICIES
 
 
-def admission_policy(name: str) -> AdmissionPolicy:
-    return POLICIES[name]
+def admission_policy(name: str, prio: PriorityScheduling | None = None) -> AdmissionPolicy:
+    """The policy by name; with --retraction-policy priority, its victims are chosen by priority."""
+    policy = POLICIES[name]
+    if prio is not None and prio.retract_by_priority:
+        policy = replace(policy, retraction_order=prio.retraction_order)
+    return policy

@@ -9,8 +9,10 @@ from collections.abc import Callable
 from kvadmit.memory.pool import ReqSlotPool, TokenPool
 from kvadmit.memory.radix import RadixCache
 from kvadmit.request import FinishKind, FinishReason, Req
+from kvadmit.scheduler.admission import AdmissionPass
 from kvadmit.scheduler.batch import RunningBatch
-from kvadmit.scheduler.events import DecodeBatchStats, Event, RequestAborted
+from kvadmit.scheduler.events import DecodeBatchStats, Event, PrefillBatchStats, RequestAborted
+from kvadmit.scheduler.ratio import NewTokenRatio
 from kvadmit.scheduler.types import ScheduledBatch, StepOutcome
 
 CLIENT_ABORT_MESSAGE = "Aborted by the client."
@@ -32,6 +34,9 @@ class StepResults:
     _finished_positions: list[int]  # running-batch positions of requests that ended this step
     _dropped_finishing: list[Req]
     _finish_count: int
+    _finish_log: list[Req]  # requests ended since finish count _finish_log_base (see next_batch)
+    _finish_log_base: int
+    _left_in_pass: list[Req]  # retracted or aborted by the last pass
     _stash_chunk: bool
     last_batch: ScheduledBatch | None
     in_flight: ScheduledBatch | None
@@ -41,6 +46,30 @@ class StepResults:
 
     pool: TokenPool
     max_total_num_tokens: int
+    ratio: NewTokenRatio
+
+    def _prefill_stats(self, adder: AdmissionPass, running_bs: int) -> PrefillBatchStats:
+        pending = self._waiting_tokens
+        if self.chunked_req is not None:
+            pending += self.chunked_req.seqlen - self.chunked_req.fill_len
+        hit = sum(
+            r.prefix_len for r in adder.can_run_list if not r.is_retracted and r is not self.chunked_req
+        )
+        used = self.num_used_tokens()
+        return PrefillBatchStats(
+            new_seq=len(adder.can_run_list),
+            new_token=adder.log_input_tokens,
+            cached_token=adder.log_hit_tokens,
+            num_used_tokens=used,
+            token_usage=used / self.max_total_num_tokens,
+            running_req=running_bs,
+            queue_req=len(self.waiting),
+            pending_token=pending,
+            new_token_ratio=self.ratio.current,
+            hit_tokens_for_rate=hit,
+            input_tokens_for_rate=adder.log_input_tokens,
+            reprocessed_input_tokens=adder.reprocessed_log_input_tokens,
+        )
 
     def num_used_tokens(self) -> int:
         """SGLang's `#token`: pool − (available + evictable); evictable cache does not count as used."""
@@ -69,20 +98,23 @@ class StepResults:
         self, batch: ScheduledBatch, tokens: list[int], outcome: StepOutcome, merged: bool
     ) -> None:
         running = self.running
-        dropped = self._dropped_finishing if merged else []
+        # Under the overlap loop the next pass may already have merged this batch's requests into the running
+        # batch (or, with mixed chunks, moved them on into the next batch): only members move its sums.
+        members = set(map(id, running.reqs)) if merged else set()
+        decoding = set(map(id, batch.decoding or ()))  # mixed chunk: decode rows are not checkpointed
         for req, token in zip(batch.reqs, tokens, strict=True):
             if req is batch.chunked or _left_in_flight(req):
                 continue  # a non-final chunk (its token is discarded), or retracted or ended meanwhile
-            if merged and not any(r is req for r in dropped):
-                running.append_output(req, token)  # it already sits in the running batch
+            if id(req) in members:
+                running.append_output(req, token)
             else:
                 req.output_ids.append(token)
             reason = self._check_finished(req, token)
             if reason is not None:
                 self._finish(req, reason, outcome)
-                if merged and not any(r is req for r in dropped):
+                if id(req) in members:
                     self._finished_positions.append(running.reqs.index(req))
-            else:
+            elif id(req) not in decoding:
                 self.cache.cache_unfinished_req(req, req.fill_len)
         assert batch.stats is not None
         used = self.num_used_tokens()  # the queue and the pool at log time
@@ -134,31 +166,46 @@ class StepResults:
         """A decode result under the overlap loop after the running batch changed: some of the batch's
         requests were retracted, ended or dropped (finishing by length) since it was scheduled. Those
         retracted or ended get nothing; the running batch is a subset of the batch, and each of its
-        members got a token except the ones that had ended (they wait to be dropped, reservation kept)."""
+        members got a token except the ones that had ended (they wait to be dropped, reservation kept).
+        The few that left are found from the finish log and the last pass's retractions, so the step
+        stays at C speed like the regular one."""
         reqs = batch.reqs
         running = self.running
         same = running.reqs == reqs
-        live: list[int] = []
-        for i, req in enumerate(reqs):
-            if not _left_in_flight(req):
-                req.output_ids.append(tokens[i])
-                live.append(i)
-        running.after_decode_step(not_stepped=[r for r in running.reqs if r.finished_reason is not None])
-        dropped = set(map(id, self._dropped_finishing))
+        ended = self._finished_since(batch.finish_stamp)
+        assert batch.outs is not None
+        deque(map(list.append, batch.outs, tokens), maxlen=0)
+        skip: set[int] = set()
+        for req in [*ended, *self._left_in_pass]:
+            i = _position(reqs, req)
+            if i is not None and i not in skip:
+                req.output_ids.pop()  # it left while the step was in flight: its token is dropped
+                skip.add(i)
+        running.after_decode_step(
+            not_stepped=[r for r in ended if _position(reqs, r) is not None] if same else []
+        )
         if self.stop_checker is not None:
-            maybe = live
+            maybe = set(range(len(reqs)))
         else:
-            due = set(map(id, (running.reqs[j] for j in running.reached_length()))) | dropped
-            stops = set(self._stop_positions(tokens))
-            maybe = [i for i in live if i in stops or id(reqs[i]) in due or reqs[i].rid in self._abort_rids]
-        for i in maybe:
+            due = [running.reqs[j] for j in running.reached_length()]
+            maybe = {i for r in [*due, *self._dropped_finishing] if (i := _position(reqs, r)) is not None}
+            maybe.update(self._stop_positions(tokens))
+            if self._abort_rids:
+                maybe.update(i for i, r in enumerate(reqs) if r.rid in self._abort_rids)
+        dropped = set(map(id, self._dropped_finishing))
+        for i in sorted(maybe - skip):
             req = reqs[i]
             reason = self._check_finished(req, tokens[i])
             if reason is not None:
                 self._finish(req, reason, outcome)
-                if id(req) not in dropped:
-                    self._finished_positions.append(i if same else running.reqs.index(req))
+                at = i if same else _position(running.reqs, req)
+                if id(req) not in dropped and at is not None:  # (a mixed chunk may have taken it on)
+                    self._finished_positions.append(at)
         self._after_decode(batch)
+
+    def _finished_since(self, stamp: int) -> list[Req]:
+        """The requests that ended since the scheduler's finish count was `stamp`."""
+        return self._finish_log[stamp - self._finish_log_base :]
 
     def _after_decode(self, batch: ScheduledBatch) -> None:
         self.forward_ct_decode = (self.forward_ct_decode + 1) % (1 << 30)
@@ -215,6 +262,7 @@ class StepResults:
     def _finish(self, req: Req, reason: FinishReason, outcome: StepOutcome | None) -> None:
         req.finished_reason = reason
         self._finish_count += 1
+        self._finish_log.append(req)
         self._abort_rids.discard(req.rid)
         if reason.kind is FinishKind.ABORT:
             self.cache.release_req(req)
@@ -224,6 +272,14 @@ class StepResults:
         self.req_slots.free()
         if outcome is not None:
             outcome.finished.append(req)
+
+
+def _position(reqs: list[Req], req: Req) -> int | None:
+    """Where `req` is in `reqs` (by identity, at C speed), or None."""
+    try:
+        return reqs.index(req)
+    except ValueError:
+        return None
 
 
 def _left_in_flight(req: Req) -> bool:

@@ -24,8 +24,6 @@ It never reads a clock and never imports torch; the same inputs give the same de
 
 from __future__ import annotations
 
-from array import array
-from collections import deque
 from collections.abc import Callable
 
 from kvadmit.config import ConfigError, ServerArgs, resolve_chunked_prefill_size, resolve_max_running_requests
@@ -35,12 +33,15 @@ from kvadmit.request import Req
 from kvadmit.scheduler.admission import AddResult, AdmissionPass, prepare_candidate
 from kvadmit.scheduler.batch import RunningBatch
 from kvadmit.scheduler.decode_memory import DECODE_SKIPPED, DecodeMemory
-from kvadmit.scheduler.events import Event, PrefillBatchStats
+from kvadmit.scheduler.events import Event
 from kvadmit.scheduler.intake import RequestIntake
 from kvadmit.scheduler.invariants import check_invariants
+from kvadmit.scheduler.mixed_chunk import MixedChunk
 from kvadmit.scheduler.ordering import QueueOrder
 from kvadmit.scheduler.output_budget import max_request_len
 from kvadmit.scheduler.policy import admission_policy
+from kvadmit.scheduler.preemption import PriorityPreemption
+from kvadmit.scheduler.priority import PriorityScheduling
 from kvadmit.scheduler.ratio import NewTokenRatio
 from kvadmit.scheduler.results import StepResults
 from kvadmit.scheduler.retraction import RetractResult, evict_for
@@ -55,7 +56,7 @@ from kvadmit.scheduler.types import (
 __all__ = ["AdmissionRecord", "EngineCrash", "ScheduledBatch", "Scheduler", "StepOutcome"]
 
 
-class Scheduler(RequestIntake, DecodeMemory, StepResults):
+class Scheduler(RequestIntake, DecodeMemory, StepResults, PriorityPreemption, MixedChunk):
     def __init__(
         self,
         args: ServerArgs,
@@ -75,7 +76,8 @@ class Scheduler(RequestIntake, DecodeMemory, StepResults):
             raise ConfigError("the KV pool needs a positive size (--max-total-tokens)")
         self.args = args
         self.profile = args.profile
-        self.policy = admission_policy(args.admission_policy)
+        self.prio = PriorityScheduling.from_args(args)
+        self.policy = admission_policy(args.admission_policy, self.prio)
         self.knobs = self.policy.knobs(args.knobs)
         self.page_size = args.page_size
         self.pool = token_pool if token_pool is not None else TokenPool(pool_size or 0, args.page_size)
@@ -88,6 +90,7 @@ class Scheduler(RequestIntake, DecodeMemory, StepResults):
             )
         self.context_len = context_len or args.context_length or self.max_total_num_tokens
         self.chunked_prefill_size = resolve_chunked_prefill_size(args.chunked_prefill_size)
+        self.mixed_chunk = args.enable_mixed_chunk and self.chunked_prefill_size is not None
         self.max_running_requests = resolve_max_running_requests(
             args.max_running_requests, self.max_total_num_tokens, self.context_len
         )
@@ -100,7 +103,7 @@ class Scheduler(RequestIntake, DecodeMemory, StepResults):
         self.cache: RadixCache = cache_cls(self.pool, args.page_size)
         self.req_slots = ReqSlotPool(self.max_running_requests)
         self.ratio = NewTokenRatio.from_config(args.schedule_conservativeness, self.knobs)
-        self.order = QueueOrder(args.schedule_policy, self.cache, args.random_seed)
+        self.order = QueueOrder(args.schedule_policy, self.cache, args.random_seed, self.prio)
 
         self.waiting: list[Req] = []
         self.running = self._new_running_batch()
@@ -111,6 +114,9 @@ class Scheduler(RequestIntake, DecodeMemory, StepResults):
         self.in_flight: ScheduledBatch | None = None
         self._stash_chunk = False  # the chunked request computed a chunk since it was last checkpointed
         self._finish_count = 0  # requests ended by a result (a stamp: did any end while a batch was out)
+        self._finish_log: list[Req] = []  # the requests ended since count _finish_log_base, in order
+        self._finish_log_base = 0
+        self._left_in_pass: list[Req] = []  # retracted or aborted by the latest pass
         self.forward_ct = 0  # batches launched (prefill and decode)
         self.forward_ct_decode = 0  # decode batches processed (mod 2^30), for the decode log interval
         self._generated_since_log = 0
@@ -154,6 +160,11 @@ class Scheduler(RequestIntake, DecodeMemory, StepResults):
             self._reject(head, UNSCHEDULABLE_MESSAGE, 400)
             self.running.batch_is_full = False
             batch = self._one_pass()
+        # Keep the finish log back to the oldest batch whose result is still to come.
+        oldest = self.in_flight.finish_stamp if self.in_flight is not None else self._finish_count
+        if oldest > self._finish_log_base:
+            del self._finish_log[: oldest - self._finish_log_base]
+            self._finish_log_base = oldest
         if batch is not None:
             batch.finish_stamp = self._finish_count
         self.in_flight = batch
@@ -161,6 +172,7 @@ class Scheduler(RequestIntake, DecodeMemory, StepResults):
 
     def _one_pass(self) -> ScheduledBatch | None:
         self._dropped_finishing = []
+        self._left_in_pass = []
         self._stash_chunked_req()
         self._merge_last_prefill()
         if self.profile.filter_finished_every_pass:
@@ -206,6 +218,8 @@ class Scheduler(RequestIntake, DecodeMemory, StepResults):
         the in-flight chunk, then the waiting queue in policy order until a verdict other than CONTINUE
         or the request cap. Nothing is allocated yet."""
         record = AdmissionRecord(running_bs=len(self.running.reqs))
+        if self.prio.preemption:
+            self.running.batch_is_full = False  # SGLang: so that a pass may try preemption
         if self.chunked_req is None:
             if self.running.batch_is_full:
                 record.gate = "batch_is_full"
@@ -214,7 +228,7 @@ class Scheduler(RequestIntake, DecodeMemory, StepResults):
                 record.gate = "no_waiting"
                 return record
         record.allocatable = self._num_allocatable_reqs(record.running_bs)
-        if record.allocatable <= 0 and self.chunked_req is None:
+        if record.allocatable <= 0 and self.chunked_req is None and not self.prio.preemption:
             self.running.batch_is_full = True
             record.gate = "request_cap"
             return record
@@ -233,14 +247,21 @@ class Scheduler(RequestIntake, DecodeMemory, StepResults):
         if chunked is not None and profile.credit_held_rows:
             # 0.5.23 counts the request row the continuing chunk already holds (docs/sglang-rules.md A.2)
             cap = min(self.max_running_requests - record.running_bs, self.req_slots.available_size() + 1)
+        at_cap = False  # with preemption, once the cap is reached every later candidate must preempt
         for req in self.waiting:
             if profile.stop_admission_when_budget_spent and adder.budget_state() is AddResult.OTHER:
                 record.stop_cause = "budget_spent"  # 0.5.23: a resumed chunk spent the pass budget
                 break
-            if len(adder.can_run_list) >= cap:
+            if self.prio.preemption:  # preemption frees request slots: the cap is read again each time
+                allocatable = self._num_allocatable_reqs(len(self.running.reqs))
+                at_cap = at_cap or len(adder.can_run_list) >= allocatable
+            else:
+                at_cap = len(adder.can_run_list) >= cap
+            if at_cap:
                 self.running.batch_is_full = True
-                record.stop_cause = "request_cap"
-                break
+                if not (self.prio.preemption and self.preempt_for(req, adder, record.preempted)):
+                    record.stop_cause = "request_cap"
+                    break
             prepare_candidate(req, self.cache)
             record.looked_at.append(req)
             if explain:
@@ -259,6 +280,7 @@ class Scheduler(RequestIntake, DecodeMemory, StepResults):
         record = self.run_admission()
         adder = record.adder
         if adder is None or not adder.can_run_list:
+            self.requeue_preempted(record.preempted)
             return None
         admitted = adder.can_run_list
         # Admission walks the queue in order and stops at the first failure, so the requests it took
@@ -269,6 +291,7 @@ class Scheduler(RequestIntake, DecodeMemory, StepResults):
         )
         self._waiting_tokens -= sum([r.seqlen for r in self.waiting[:taken]])
         del self.waiting[:taken]
+        self.requeue_preempted(record.preempted)
         if adder.new_chunked_req is not None:
             self.chunked_req = adder.new_chunked_req
         self._stash_chunk = self.chunked_req is not None
@@ -278,12 +301,13 @@ class Scheduler(RequestIntake, DecodeMemory, StepResults):
             if req is not chunked:
                 self.req_slots.alloc()
             self._alloc_kv(req, req.fill_len - len(req.kv))
-        return ScheduledBatch(
+        batch = ScheduledBatch(
             kind="prefill",
             reqs=admitted,
             chunked=self.chunked_req,
             stats=self._prefill_stats(adder, record.running_bs),
         )
+        return self.mix_running(batch) if self.mixed_chunk else batch
 
     def _new_admission_pass(self) -> AdmissionPass:
         return AdmissionPass(
@@ -298,29 +322,7 @@ class Scheduler(RequestIntake, DecodeMemory, StepResults):
             rem_chunk_tokens=self.chunked_prefill_size,
             prefill_max_requests=self.args.prefill_max_requests,
             ignore_eos_occupancy_check=self.policy.ignore_eos_occupancy_check,
-        )
-
-    def _prefill_stats(self, adder: AdmissionPass, running_bs: int) -> PrefillBatchStats:
-        pending = self._waiting_tokens
-        if self.chunked_req is not None:
-            pending += self.chunked_req.seqlen - self.chunked_req.fill_len
-        hit = sum(
-            r.prefix_len for r in adder.can_run_list if not r.is_retracted and r is not self.chunked_req
-        )
-        used = self.num_used_tokens()
-        return PrefillBatchStats(
-            new_seq=len(adder.can_run_list),
-            new_token=adder.log_input_tokens,
-            cached_token=adder.log_hit_tokens,
-            num_used_tokens=used,
-            token_usage=used / self.max_total_num_tokens,
-            running_req=running_bs,
-            queue_req=len(self.waiting),
-            pending_token=pending,
-            new_token_ratio=self.ratio.current,
-            hit_tokens_for_rate=hit,
-            input_tokens_for_rate=adder.log_input_tokens,
-            reprocessed_input_tokens=adder.reprocessed_log_input_tokens,
+            mixed_decode_tokens=len(self.running.reqs) if self.mixed_chunk else 0,
         )
 
     def _alloc_kv(self, req: Req, n: int) -> None:
@@ -336,9 +338,7 @@ class Scheduler(RequestIntake, DecodeMemory, StepResults):
         if self._finished_positions:
             running.drop_at(sorted(set(self._finished_positions)))
             self._finished_positions = []
-        finishing = self._finishing_in_flight()
-        if finishing:
-            running.drop_at(sorted(map(running.reqs.index, finishing)))
+        finishing = self.drop_finishing_in_flight()
         if not running.reqs:
             running.batch_is_full = False
             return None
@@ -355,17 +355,13 @@ class Scheduler(RequestIntake, DecodeMemory, StepResults):
             running.batch_is_full = False
         if not running.reqs:
             return None
-        if self.page_size == 1:
-            slots = self.pool.alloc_decode(len(running.reqs))
-            deque(map(array.append, running.kvs, slots), maxlen=0)
-        else:
-            # SGLang over-estimates the step: it evicts as if every request needed a fresh page.
-            evict_for(self.cache, self.pool, len(running.reqs) * self.page_size)
-            for req in running.reqs:
-                self._alloc_kv(req, 1)
-        running.kv_tokens += len(running.reqs)  # one slot each
+        self.alloc_decode_slots()
         return ScheduledBatch(
-            kind="decode", reqs=list(running.reqs), kv_tokens=running.kv_tokens, kvs=list(running.kvs)
+            kind="decode",
+            reqs=list(running.reqs),
+            kv_tokens=running.kv_tokens,
+            kvs=list(running.kvs),
+            outs=list(running.outs),
         )
 
     def is_fully_idle(self) -> bool:

@@ -41,6 +41,10 @@ class ScheduledBatch:
     # in a decode: each request's KV slots as scheduled (a request that ends before the batch runs, under
     # the overlap loop, hands its own list to the cache; the batch still computes its last slot)
     kvs: list[array[int]] | None = None
+    outs: list[list[int]] | None = None  # in a decode: each request's output list, as scheduled
+    # in a prefill under --enable-mixed-chunk: the running requests whose decode rows follow the prefill
+    # rows (kvs then holds every row's slots)
+    decoding: list[Req] | None = None
     finish_stamp: int = 0  # the scheduler's count of ended requests when it handed the batch out
 
 
@@ -57,6 +61,7 @@ class AdmissionRecord:
     stopped_at: Req | None = None  # the request whose call returned a non-CONTINUE verdict
     stop_cause: str = "end"  # end of queue, a verdict, or the request cap
     budgets: list[Budget] = field(default_factory=list)  # before each looked-at request (explain=True)
+    preempted: list[Req] = field(default_factory=list)  # running requests priority preemption took out
 
 
 @dataclass(slots=True)

@@ -126,6 +126,7 @@ def model_backend(
     max_total_tokens: int | None,
     mem_fraction_static: float | None,
     context_length: int | None,
+    quantization: str | None = None,
 ) -> Backend:
     """Load the model (the default one when model_path is None) and size the pool."""
     from kvadmit.executor.torch_runner import TorchExecutor
@@ -133,7 +134,7 @@ def model_backend(
 
     m = load_model(
         model_path, tokenizer_path=tokenizer_path, dtype=dtype, device=device,
-        max_total_tokens=max_total_tokens, mem_fraction_static=mem_fraction_static,
+        max_total_tokens=max_total_tokens, mem_fraction_static=mem_fraction_static, quantization=quantization,
     )  # fmt: skip
     eos = m.tokenizer.eos_token_id
     executor = TorchExecutor(m.model, m.pool_size)

@@ -83,7 +83,7 @@ def build_state(ns: argparse.Namespace, args: ServerArgs) -> Any:
         try:
             backend = model_backend(
                 ns.model_path, ns.tokenizer_path, ns.dtype, None if ns.device == "auto" else ns.device,
-                args.max_total_tokens, ns.mem_fraction_static, args.context_length,
+                args.max_total_tokens, ns.mem_fraction_static, args.context_length, ns.quantization,
             )  # fmt: skip
         except (ModelLoadError, DefaultModelError, OSError, ValueError) as e:
             raise UsageError(f"cannot load the model: {e}") from None
@@ -96,7 +96,8 @@ def build_state(ns: argparse.Namespace, args: ServerArgs) -> Any:
         metrics = ServerMetrics(
             name, backend.pool_size, args.page_size, backend.context_len,
             weight_gb=backend.weight_bytes / 2**30, kv_cache_gb=backend.kv_cache_bytes / 2**30,
-            available_gb=backend.available_mem_gb,
+            available_gb=backend.available_mem_gb, priority_scheduling=args.enable_priority_scheduling,
+            default_priority=args.default_priority_value,
         )  # fmt: skip
     emit = logging.getLogger("kvadmit.server").info
     runner = EngineRunner(
@@ -111,6 +112,7 @@ def build_state(ns: argparse.Namespace, args: ServerArgs) -> Any:
         model_path=name if ns.simulate else backend.model_path,
         tokenizer_path=backend.tokenizer_path, host=ns.host, port=ns.port,
         dtype=backend.dtype, device=backend.device, served_model_name=name, enable_metrics=ns.enable_metrics,
+        quantization=None if ns.simulate else ns.quantization,
         simulate=ns.simulate, max_total_tokens=backend.pool_size, context_length=backend.context_len,
         max_running_requests=runner.scheduler.max_running_requests,
         chunked_prefill_size=runner.scheduler.chunked_prefill_size,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections import Counter as Tally
 from collections.abc import Callable
 from typing import Any
 
@@ -43,18 +44,29 @@ CACHE_TYPE = "UnifiedRadixCache"
 _STREAMING_COUNTERS = (metric_names.PROMPT_TOKENS, metric_names.GENERATION_TOKENS, metric_names.NUM_REQUESTS)
 
 
-def _register(metric: Metric, registry: CollectorRegistry) -> Any:
+def _label_names(metric: Metric, priority: bool) -> tuple[str, ...]:
+    """The metric's label names; with priority scheduling, SGLang's scheduler and tokenizer collectors add
+    `priority` after their own labels (before the metric's extra ones, as its label dicts are built)."""
+    labels = metric.labels
+    if not priority or "model_name" not in labels:
+        return labels
+    base = metric_names.SCHEDULER_LABELS if "tp_rank" in labels else metric_names.REQUEST_LABELS
+    return (*base, "priority", *labels[len(base) :])
+
+
+def _register(metric: Metric, registry: CollectorRegistry, priority: bool = False) -> Any:
     """The prometheus_client collector of one metric of the table."""
+    names = _label_names(metric, priority)
     if metric.kind == "histogram":
-        return Histogram(metric.name, metric.help, metric.labels, buckets=metric.buckets, registry=registry)
+        return Histogram(metric.name, metric.help, names, buckets=metric.buckets, registry=registry)
     if metric.kind == "counter":
-        return Counter(metric.name, metric.help, metric.labels, registry=registry)
+        return Counter(metric.name, metric.help, names, registry=registry)
     # SGLang leaves the retraction and pause gauges in prometheus_client's default multiprocess mode ("all"),
     # and sums the HTTP requests in flight over its processes.
     mode = "all" if metric in _PID_GAUGES else "mostrecent"
     if metric is metric_names.HTTP_REQUESTS_ACTIVE:
         mode = "livesum"
-    return Gauge(metric.name, metric.help, metric.labels, registry=registry, multiprocess_mode=mode)
+    return Gauge(metric.name, metric.help, names, registry=registry, multiprocess_mode=mode)
 
 
 class _EvictionMetrics:
@@ -85,6 +97,8 @@ class ServerMetrics:
         weight_gb: float = 0.0,
         kv_cache_gb: float = 0.0,
         available_gb: float = 0.0,
+        priority_scheduling: bool = False,
+        default_priority: int | None = None,
     ):
         self.registry = CollectorRegistry()
         self._labels = {
@@ -92,7 +106,17 @@ class ServerMetrics:
             "moe_ep_rank": "0",
         }  # fmt: skip
         self._req_labels = {"model_name": model_name, "engine_type": "unified"}
-        self._series = {metric: _register(metric, self.registry) for metric in metric_names.SERVED}
+        # --enable-priority-scheduling: a `priority` label everywhere ("" on the usual series), per-priority
+        # running and queued counts, and request series labelled with the request's priority
+        self._by_priority = priority_scheduling
+        self._default_priority = default_priority
+        self._known_priorities: set[int | None] = set()
+        self._read_priorities: Callable[[], tuple[list[int | None], list[int | None]]] | None = None
+        if priority_scheduling:
+            self._labels["priority"] = self._req_labels["priority"] = ""
+        self._series = {
+            metric: _register(metric, self.registry, priority_scheduling) for metric in metric_names.SERVED
+        }
         for metric, value in (
             (metric_names.MAX_TOTAL_NUM_TOKENS, max_total_num_tokens),
             (metric_names.PAGE_SIZE, page_size),
@@ -140,6 +164,11 @@ class ServerMetrics:
             self._series[metric_names.EVICTION_DURATION], self._series[metric_names.EVICTED_TOKENS], labels
         )
         self._publish_pool()  # the empty pool, before the first report
+        if self._by_priority:
+            self._read_priorities = lambda: (
+                [r.priority for r in scheduler.running.reqs],
+                [r.priority for r in scheduler.waiting],
+            )
 
     def on_event(self, event: Event, now: float) -> None:
         m = metric_names
@@ -178,9 +207,25 @@ class ServerMetrics:
     def _batch_state(self, event: PrefillBatchStats | DecodeBatchStats) -> None:
         self._sched(metric_names.NUM_RUNNING_REQS).set(event.running_req)
         self._sched(metric_names.NUM_QUEUE_REQS).set(event.queue_req)
+        self._publish_by_priority()
         self._sched(metric_names.TOKEN_USAGE).set(round(event.token_usage, 2))
         self._sched(metric_names.NUM_USED_TOKENS).set(event.num_used_tokens)
         self._publish_pool()
+
+    def _publish_by_priority(self, idle: bool = False) -> None:
+        """SGLang's QueueCount breakdown: a series per priority seen so far (0 once none is left)."""
+        if self._read_priorities is None:
+            return
+        running, waiting = self._read_priorities()
+        if idle:
+            running = []
+        self._known_priorities.update(running, waiting)
+        base = {k: v for k, v in self._labels.items() if k != "priority"}
+        m = metric_names
+        for metric, reqs in ((m.NUM_RUNNING_REQS, running), (m.NUM_QUEUE_REQS, waiting)):
+            counts = Tally(reqs)
+            for prio in self._known_priorities:
+                self._series[metric].labels(**base, priority=str(prio)).set(counts.get(prio, 0))
 
     def _publish_pool(self) -> None:
         """The full-attention pool as it is now: free, cache-only and in-use slots, and the in-use share
@@ -204,6 +249,7 @@ class ServerMetrics:
     def publish_idle(self, queue: int) -> None:
         self._sched(metric_names.NUM_RUNNING_REQS).set(0)
         self._sched(metric_names.NUM_QUEUE_REQS).set(queue)
+        self._publish_by_priority(idle=True)
         self._sched(metric_names.GEN_THROUGHPUT).set(0)
         self._publish_pool()
 
@@ -238,26 +284,37 @@ class ServerMetrics:
         ttft: float | None,
         e2e: float,
         itls: list[float],
+        priority: int | None = None,
     ) -> None:
+        """`priority`: what the request asked for (None: nothing); with priority scheduling on, its series
+        carry it after the default value, as SGLang's tokenizer labels them ("" for none)."""
         m = metric_names
         s = "true" if streaming else "false"
-        self._req(m.PROMPT_TOKENS, is_streaming=s).inc(prompt_tokens)
-        self._req(m.GENERATION_TOKENS, is_streaming=s).inc(completion_tokens)
-        self._req(m.NUM_REQUESTS, is_streaming=s).inc()
+        labels = self._req_labels
+        if self._by_priority:
+            shown = priority if priority is not None else self._default_priority
+            labels = {**labels, "priority": "" if shown is None else str(shown)}
+
+        def req(metric: Metric, **extra: str) -> Any:
+            return self._series[metric].labels(**labels, **extra)
+
+        req(m.PROMPT_TOKENS, is_streaming=s).inc(prompt_tokens)
+        req(m.GENERATION_TOKENS, is_streaming=s).inc(completion_tokens)
+        req(m.NUM_REQUESTS, is_streaming=s).inc()
         if cached_tokens:
-            self._req(m.CACHED_TOKENS, cache_source="device").inc(cached_tokens)
-        self._req(m.PROMPT_TOKENS_HISTOGRAM).observe(prompt_tokens)
-        self._req(m.UNCACHED_PROMPT_TOKENS_HISTOGRAM).observe(prompt_tokens - cached_tokens)
-        self._req(m.GENERATION_TOKENS_HISTOGRAM).observe(completion_tokens)
+            req(m.CACHED_TOKENS, cache_source="device").inc(cached_tokens)
+        req(m.PROMPT_TOKENS_HISTOGRAM).observe(prompt_tokens)
+        req(m.UNCACHED_PROMPT_TOKENS_HISTOGRAM).observe(prompt_tokens - cached_tokens)
+        req(m.GENERATION_TOKENS_HISTOGRAM).observe(completion_tokens)
         if aborted:
-            self._req(m.NUM_ABORTED_REQUESTS).inc()
+            req(m.NUM_ABORTED_REQUESTS).inc()
         if ttft is not None:
-            self._req(m.TIME_TO_FIRST_TOKEN, is_streaming=s).observe(ttft)
+            req(m.TIME_TO_FIRST_TOKEN, is_streaming=s).observe(ttft)
             if completion_tokens > 1:
                 tpot = (e2e - ttft) / (completion_tokens - 1)
-                self._req(m.TIME_PER_OUTPUT_TOKEN, is_streaming=s).observe(tpot)
-        self._req(m.E2E_REQUEST_LATENCY, is_streaming=s).observe(e2e)
-        itl = self._req(m.INTER_TOKEN_LATENCY)
+                req(m.TIME_PER_OUTPUT_TOKEN, is_streaming=s).observe(tpot)
+        req(m.E2E_REQUEST_LATENCY, is_streaming=s).observe(e2e)
+        itl = req(m.INTER_TOKEN_LATENCY)
         for gap in itls:
             itl.observe(gap)
 

@@ -14,7 +14,14 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from kvadmit.server.errors import APIError
 from kvadmit.server.native_answer import NativeAnswer
-from kvadmit.server.protocol import NATIVE_SAMPLING_KEYS, AbortBody, GenerateBody, sampling_from, stop_list
+from kvadmit.server.protocol import (
+    NATIVE_SAMPLING_KEYS,
+    AbortBody,
+    GenerateBody,
+    check_priority,
+    sampling_from,
+    stop_list,
+)
 from kvadmit.server.request_path import Sampling, Submission, answer
 from kvadmit.server.session import Session
 from kvadmit.server.state import ServerState
@@ -129,6 +136,9 @@ def _generate_route(r: APIRouter, state: ServerState) -> None:
         prompts, single = await prompts_of(body)
         samplings = per_prompt_sampling(body.sampling_params, len(prompts))
         samplings = with_logprobs(state, body, samplings)
+        priority = check_priority(body.priority)
+        if priority is not None:  # one for every prompt, as SGLang's GenerateReqInput has it
+            samplings = [replace(s, limits=replace(s.limits, priority=priority)) for s in samplings]
         for ids, sampling in zip(prompts, samplings, strict=True):
             state.check_lengths(len(ids), sampling.limits.requested_max_new_tokens, "max_new_tokens")
         rids = per_prompt_rids(body.rid, len(prompts), single)

