@@ -50,6 +50,8 @@ def server_args(server: dict) -> ServerArgs:
         kw["disable_overlap_schedule"] = not server["overlap"]
     elif server["overlap"]:
         raise NotImplementedError("this kvadmit has no overlap loop (ServerArgs.disable_overlap_schedule)")
+    if server.get("enable_priority_scheduling"):
+        kw["enable_priority_scheduling"] = True
     if server.get("env"):
         kw["knobs"] = SchedulerKnobs.from_environ(server["env"])
     if server.get("sglang_version"):
@@ -173,7 +175,9 @@ def run_scenario(sc: dict) -> dict:
                     spec["rid"],
                     list(spec["input_ids"]),
                     SamplingLimits(
-                        requested_max_new_tokens=spec["max_new_tokens"], ignore_eos=spec["ignore_eos"]
+                        requested_max_new_tokens=spec["max_new_tokens"],
+                        ignore_eos=spec["ignore_eos"],
+                        priority=spec.get("priority"),
                     ),
                 )
                 rec.events.append(["I", rec.launched, spec["rid"]])

@@ -7,6 +7,7 @@
 #                                            # SEEDS="101 102 ..." overrides its seeds)
 #   MUTATE=1 ...                             # also the mutation check (each altered rule must be caught)
 #   VERSIONS="0.5.22 0.5.23" LOOPS="normal overlap" ...   # which SGLang versions and loops
+#   PRIORITY=1 ...                           # priority scheduling on (fcfs, priorities 0..30; see README)
 #
 # Environment: KV_PY (kvadmit's python, default the repo's .venv), VENV_0_5_22 / VENV_0_5_23 (the SGLang
 # venvs; ../sglang_scheduler/setup.sh makes them: VERSION=0.5.23 for the second), WORK (where the files
@@ -78,7 +79,7 @@ for version in $VERSIONS; do
 		: >"$WORK/$tag.scenarios.jsonl"
 		for seed in $SEEDS; do
 			"$KV_PY" "$HERE/gen.py" "$seed" "$COUNT" --overlap "$overlap" --version "$version" \
-				--abort-fraction 0.1 >>"$WORK/$tag.scenarios.jsonl"
+				--abort-fraction 0.1 --priority "${PRIORITY:-0}" >>"$WORK/$tag.scenarios.jsonl"
 		done
 		"$venv/bin/python" "$HERE/sglang_side.py" "$WORK/$tag.scenarios.jsonl" \
 			>"$WORK/$tag.sglang.jsonl" 2>"$WORK/$tag.sglang.log"

@@ -154,6 +154,7 @@ def make_server_args(server: dict) -> ServerArgs:
         disable_overlap_schedule=not server["overlap"],
         context_length=server.get("context_length"),
         grammar_backend="none",
+        enable_priority_scheduling=server.get("enable_priority_scheduling", False),
     )
 
 
@@ -504,6 +505,7 @@ class Driver:
             top_logprobs_num=0,
             token_ids_logprob=None,
             stream=False,
+            priority=spec.get("priority"),
         )
         before = {id(r) for r in s.waiting_queue}
         s.handle_generate_request(recv)
