@@ -44,6 +44,11 @@ def split(events: list) -> dict[str, list]:
     return out
 
 
+def read_jsonl(path: str) -> list[dict]:
+    with open(path) as f:
+        return [json.loads(x) for x in f if x.strip()]
+
+
 def compare_one(a: dict, b: dict) -> dict[str, tuple]:
     """Category -> (index, sglang event, kvadmit event) of the first difference."""
     diffs: dict[str, tuple] = {}
@@ -70,15 +75,13 @@ def main() -> int:
     ap.add_argument("--mismatches")
     ap.add_argument("--label", default="")
     a = ap.parse_args()
-    scen = [json.loads(x) for x in open(a.scenarios) if x.strip()]
-    sg = [json.loads(x) for x in open(a.sglang) if x.strip()]
-    kv = [json.loads(x) for x in open(a.kvadmit) if x.strip()]
+    scen, sg, kv = read_jsonl(a.scenarios), read_jsonl(a.sglang), read_jsonl(a.kvadmit)
     assert len(scen) == len(sg) == len(kv), (len(scen), len(sg), len(kv))
     counts: Counter = Counter()
     mism: Counter = Counter()
     bad_scen = 0
     errors = 0
-    out = open(a.mismatches, "w") if a.mismatches else None
+    differing: list[str] = []
     for sc, x, y in zip(scen, sg, kv, strict=True):
         assert sc["id"] == x["id"] == y["id"]
         if "error" in x or "error" in y:
@@ -91,11 +94,15 @@ def main() -> int:
             bad_scen += 1
             for k in d:
                 mism[k] += 1
-            if out:
-                out.write(json.dumps({"scenario": sc, "first_differences": {k: v for k, v in d.items()}}) + "\n")
+            differing.append(json.dumps({"scenario": sc, "first_differences": dict(d)}) + "\n")
+    if a.mismatches:
+        with open(a.mismatches, "w") as out:
+            out.writelines(differing)
     steps = counts["B"]
-    print(f"{a.label}scenarios {len(scen)}, launched batches (steps) {steps}, scenarios with a mismatch "
-          f"{bad_scen}, errors {errors}")
+    print(
+        f"{a.label}scenarios {len(scen)}, launched batches (steps) {steps}, scenarios with a mismatch "
+        f"{bad_scen}, errors {errors}"
+    )
     print(f"  {'category':<22}{'events (SGLang)':>16}{'scenarios differing':>22}")
     for k, name in CATEGORIES.items():
         print(f"  {name:<22}{counts[k]:>16}{mism[k]:>22}")

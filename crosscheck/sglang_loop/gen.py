@@ -102,10 +102,18 @@ def main() -> None:
     ap.add_argument("--overlap", type=int, default=0)
     ap.add_argument("--version", default="0.5.22")
     ap.add_argument("--abort-fraction", type=float, default=0.0)
+    ap.add_argument("--priority", type=int, default=0, help="1: priority scheduling on, priorities 0..30")
     a = ap.parse_args()
     rng = random.Random(a.seed)
     for k in range(a.count):
-        print(json.dumps(scenario(rng, f"{a.seed}-{k}", bool(a.overlap), a.version, a.abort_fraction)))
+        sc = scenario(rng, f"{a.seed}-{k}", bool(a.overlap), a.version, a.abort_fraction)
+        if a.priority:
+            # Priority scheduling works with fcfs and lof; preemption needs a gap above its threshold (10).
+            sc["server"]["schedule_policy"] = "fcfs"
+            sc["server"]["enable_priority_scheduling"] = True
+            for r in sc["requests"]:
+                r["priority"] = rng.choice([None, 0, 1, 5, 12, 20, 30])
+        print(json.dumps(sc))
 
 
 if __name__ == "__main__":

@@ -16,15 +16,17 @@ import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import record  # noqa: E402  (this folder)
-from kvadmit.config import SchedulerKnobs, ServerArgs  # noqa: E402
-from kvadmit.engine import Engine, VirtualClock  # noqa: E402
-from kvadmit.executor.base import StepResult  # noqa: E402
-from kvadmit.observe.sglang_log import SGLangLogWriter  # noqa: E402
-from kvadmit.request import Req, SamplingLimits  # noqa: E402
-from kvadmit.scheduler.events import Event, LastRequestAborted, RequestAborted, Retraction  # noqa: E402
-from kvadmit.scheduler.scheduler import Scheduler  # noqa: E402
-from kvadmit.scheduler.types import UNSCHEDULABLE_MESSAGE, ScheduledBatch  # noqa: E402
+import record
+
+from kvadmit.config import SchedulerKnobs, ServerArgs
+from kvadmit.engine import Engine, VirtualClock
+from kvadmit.executor.base import StepResult
+from kvadmit.observe.sglang_log import SGLangLogWriter
+from kvadmit.request import Req, SamplingLimits
+from kvadmit.scheduler.decode_memory import DECODE_SKIPPED
+from kvadmit.scheduler.events import Event, LastRequestAborted, RequestAborted, Retraction
+from kvadmit.scheduler.scheduler import Scheduler
+from kvadmit.scheduler.types import UNSCHEDULABLE_MESSAGE, ScheduledBatch
 
 STALL_STEPS = 1_000_000
 
@@ -48,6 +50,8 @@ def server_args(server: dict) -> ServerArgs:
         kw["disable_overlap_schedule"] = not server["overlap"]
     elif server["overlap"]:
         raise NotImplementedError("this kvadmit has no overlap loop (ServerArgs.disable_overlap_schedule)")
+    if server.get("enable_priority_scheduling"):
+        kw["enable_priority_scheduling"] = True
     if server.get("env"):
         kw["knobs"] = SchedulerKnobs.from_environ(server["env"])
     if server.get("sglang_version"):
@@ -66,6 +70,36 @@ class Recorder:
         self.eos_at = {r["rid"]: r.get("eos_at") for r in scenario["requests"]}
         self.pending: dict[str, int] = {}  # rid -> tokens launched but not yet appended (overlap)
         self.log = SGLangLogWriter(self._line, start_time=0.0)
+
+    def watch(self, engine: Engine) -> None:
+        """Record what SGLang's loop shows but kvadmit's events do not name (a skipped decode pass), and
+        date the events of result processing as SGLang's overlap loop does. That loop launches the next
+        batch before it processes the last one's result; kvadmit's engine processes it first, then
+        launches. Both come before the next pass, so they are one moment: the ends and log lines of a
+        result processed in a step that launches a batch are dated after that launch, as on SGLang's side."""
+        scheduler = self.scheduler
+        check = scheduler.check_decode_or_retract
+
+        def check_decode_or_retract(*args, **kwargs):
+            outcome = check(*args, **kwargs)
+            if outcome is DECODE_SKIPPED:
+                self.events.append(["S", self.launched])
+            return outcome
+
+        scheduler.check_decode_or_retract = check_decode_or_retract  # type: ignore[method-assign]
+        if not getattr(engine, "overlap", False):
+            return
+        process = engine._process
+
+        def processed(batch, result):
+            launches = scheduler.last_batch is not None  # scheduled in this step, launched after
+            self.launched += launches
+            try:
+                process(batch, result)
+            finally:
+                self.launched -= launches
+
+        engine._process = processed  # type: ignore[method-assign]
 
     # executor
     def run(self, batch: ScheduledBatch) -> StepResult:
@@ -93,7 +127,14 @@ class Recorder:
     def observe(self, event: Event, now: float) -> None:
         if isinstance(event, Retraction) and not event.forced:
             self.events.append(
-                ["R", self.launched, list(event.rids), event.new_tokens_gained, event.old_ratio, event.new_ratio]
+                [
+                    "R",
+                    self.launched,
+                    list(event.rids),
+                    event.new_tokens_gained,
+                    event.old_ratio,
+                    event.new_ratio,
+                ]
             )
         elif isinstance(event, LastRequestAborted):
             self.events.append(["A", self.launched, event.rid])
@@ -114,6 +155,7 @@ def run_scenario(sc: dict) -> dict:
     )
     rec = Recorder(sc, scheduler)
     engine = Engine(scheduler, rec, VirtualClock(0.0), rec, observers=[rec.observe])
+    rec.watch(engine)
     requests = sorted(sc["requests"], key=lambda r: r["arrive_after"])
     aborts = sorted((r["abort_after"], r["rid"]) for r in sc["requests"] if r.get("abort_after") is not None)
     nxt = nab = 0
@@ -121,14 +163,22 @@ def run_scenario(sc: dict) -> dict:
     steps = 0
     while True:
         if nxt < len(requests) and (requests[nxt]["arrive_after"] <= rec.launched or idle):
-            key = max(requests[nxt]["arrive_after"], rec.launched) if not idle else requests[nxt]["arrive_after"]
+            key = (
+                max(requests[nxt]["arrive_after"], rec.launched)
+                if not idle
+                else requests[nxt]["arrive_after"]
+            )
             key = max(key, rec.launched)
             while nxt < len(requests) and requests[nxt]["arrive_after"] <= key:
                 spec = requests[nxt]
                 req = Req(
                     spec["rid"],
                     list(spec["input_ids"]),
-                    SamplingLimits(requested_max_new_tokens=spec["max_new_tokens"], ignore_eos=spec["ignore_eos"]),
+                    SamplingLimits(
+                        requested_max_new_tokens=spec["max_new_tokens"],
+                        ignore_eos=spec["ignore_eos"],
+                        priority=spec.get("priority"),
+                    ),
                 )
                 rec.events.append(["I", rec.launched, spec["rid"]])
                 engine.submit(req)
@@ -162,7 +212,11 @@ def main() -> None:
             try:
                 out = run_scenario(sc)
             except Exception as e:  # report, keep going
-                out = {"id": sc["id"], "error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()[-2000:]}
+                out = {
+                    "id": sc["id"],
+                    "error": f"{type(e).__name__}: {e}",
+                    "trace": traceback.format_exc()[-2000:],
+                }
             print(json.dumps(out), flush=True)
 
 

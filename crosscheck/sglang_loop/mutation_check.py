@@ -1,6 +1,7 @@
 """Show that a clean loop check is not vacuous: alter one of kvadmit's rules at a time (a monkeypatch in
 this process only, the source untouched), rerun the kvadmit side and count the scenarios whose record now
-differs from SGLang's. Every mutation must be caught (count > 0).
+differs from SGLang's. Every mutation that applies to the scenarios (the overlap ones to overlap-loop
+scenarios, the 0.5.23 ones to 0.5.23 scenarios) must be caught (count > 0).
 
     python mutation_check.py SCENARIOS.jsonl SGLANG.jsonl [--only NAME,...]
 """
@@ -9,19 +10,20 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import sys
 from collections.abc import Callable
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import compare  # noqa: E402
-import kvadmit_side  # noqa: E402
-from kvadmit.request import FinishKind, FinishReason  # noqa: E402
-from kvadmit.scheduler import policy, scheduler  # noqa: E402
-from kvadmit.scheduler.ratio import NewTokenRatio  # noqa: E402
-from kvadmit.scheduler.results import StepResults  # noqa: E402
+import compare
+import kvadmit_side
+
+from kvadmit.request import FinishKind, FinishReason
+from kvadmit.scheduler import ordering, policy, scheduler
+from kvadmit.scheduler.decode_memory import DecodeMemory
+from kvadmit.scheduler.ratio import NewTokenRatio
+from kvadmit.scheduler.results import StepResults
 
 
 def _length_before_stop() -> Callable[[], None]:
@@ -60,7 +62,9 @@ def _reversed_retraction_order() -> Callable[[], None]:
     original = policy.POLICIES["sglang"]
 
     def order(reqs):
-        return sorted(range(len(reqs)), key=lambda i: (len(reqs[i].output_ids), -len(reqs[i].origin_input_ids)))
+        return sorted(
+            range(len(reqs)), key=lambda i: (len(reqs[i].output_ids), -len(reqs[i].origin_input_ids))
+        )
 
     policy.POLICIES["sglang"] = dataclasses.replace(original, retraction_order=order)
     return lambda: policy.POLICIES.__setitem__("sglang", original)
@@ -73,17 +77,105 @@ def _no_idle_reset() -> Callable[[], None]:
     return lambda: setattr(NewTokenRatio, "reset", original)
 
 
-MUTATIONS: dict[str, Callable[[], Callable[[], None]]] = {
-    "length-before-stop": _length_before_stop,
-    "exact-page-eviction": _exact_page_eviction,
-    "no-ratio-decay": _no_decay,
-    "reversed-retraction-order": _reversed_retraction_order,
-    "no-idle-ratio-reset": _no_idle_reset,
+def _lpm_capped_match() -> Callable[[], None]:
+    """lpm matches the prompt + outputs capped at len - 1 (the tree splits there, not at the whole match)."""
+    original = ordering.QueueOrder._sort_lpm
+
+    def sort_lpm(self, waiting):
+        real = self.cache.match_prefix
+
+        def capped(key, end=None):
+            return real(key, len(key) - 1 if end is None else min(end, len(key) - 1))
+
+        self.cache.match_prefix = capped
+        try:
+            original(self, waiting)
+        finally:
+            del self.cache.match_prefix
+
+    ordering.QueueOrder._sort_lpm = sort_lpm
+    return lambda: setattr(ordering.QueueOrder, "_sort_lpm", original)
+
+
+def _no_waiting_prefix_refresh() -> Callable[[], None]:
+    """fcfs: the waiting requests' cached prefixes are never marked as just used."""
+    original = ordering.QueueOrder._refresh_waiting_prefixes
+    ordering.QueueOrder._refresh_waiting_prefixes = lambda self, waiting: None
+    return lambda: setattr(ordering.QueueOrder, "_refresh_waiting_prefixes", original)
+
+
+def _overlap_no_skip() -> Callable[[], None]:
+    """Overlap loop: a failed decode check retracts even when finishers in flight would free memory."""
+    original = DecodeMemory.check_decode_or_retract
+
+    def check(self, *args, **kwargs):
+        kwargs["finishing_in_flight"] = False
+        return original(self, *args, **kwargs)
+
+    DecodeMemory.check_decode_or_retract = check
+    return lambda: setattr(DecodeMemory, "check_decode_or_retract", original)
+
+
+def _overlap_unlagged_finishers() -> Callable[[], None]:
+    """Overlap loop: requests finishing in flight are judged on their outputs without the lagging token."""
+    original = DecodeMemory._finishing_in_flight
+
+    def finishing(self):
+        self._dropped_finishing = []
+        if self.in_flight is None:
+            return []
+        in_batch = set(map(id, self.in_flight.reqs))
+        self._dropped_finishing = [r for r in self.running.due_within(0) if id(r) in in_batch]
+        return self._dropped_finishing
+
+    DecodeMemory._finishing_in_flight = finishing
+    return lambda: setattr(DecodeMemory, "_finishing_in_flight", original)
+
+
+def _profile_off(field: str) -> Callable[[], Callable[[], None]]:
+    """0.5.23: one of its rule changes switched off (the scheduler keeps 0.5.22's rule there)."""
+
+    def mutate() -> Callable[[], None]:
+        original = scheduler.Scheduler.__init__
+
+        def init(self, *args, **kwargs):
+            original(self, *args, **kwargs)
+            self.profile = dataclasses.replace(self.profile, **{field: False})
+
+        scheduler.Scheduler.__init__ = init
+        return lambda: setattr(scheduler.Scheduler, "__init__", original)
+
+    return mutate
+
+
+# name -> (mutation, applies to a scenario's server)
+MUTATIONS: dict[str, tuple[Callable[[], Callable[[], None]], Callable[[dict], bool]]] = {
+    "length-before-stop": (_length_before_stop, lambda s: True),
+    "exact-page-eviction": (_exact_page_eviction, lambda s: True),
+    "no-ratio-decay": (_no_decay, lambda s: True),
+    "reversed-retraction-order": (_reversed_retraction_order, lambda s: True),
+    "no-idle-ratio-reset": (_no_idle_reset, lambda s: True),
+    "lpm-capped-match": (_lpm_capped_match, lambda s: s["schedule_policy"] == "lpm"),
+    "no-waiting-prefix-refresh": (_no_waiting_prefix_refresh, lambda s: s["schedule_policy"] != "lpm"),
+    "overlap-no-skip-on-finishers": (_overlap_no_skip, lambda s: s["overlap"]),
+    "overlap-unlagged-finishers": (_overlap_unlagged_finishers, lambda s: s["overlap"]),
+    "0.5.23-no-per-pass-filter": (
+        _profile_off("filter_finished_every_pass"),
+        lambda s: s.get("sglang_version") == "0.5.23",
+    ),
+    "0.5.23-no-budget-spent-stop": (
+        _profile_off("stop_admission_when_budget_spent"),
+        lambda s: s.get("sglang_version") == "0.5.23",
+    ),
+    "0.5.23-no-held-row-credit": (
+        _profile_off("credit_held_rows"),
+        lambda s: s.get("sglang_version") == "0.5.23",
+    ),
 }
 
 
 def run(scenarios: list[dict], sglang: list[dict], name: str) -> int:
-    undo = MUTATIONS[name]()
+    undo = MUTATIONS[name][0]()
     try:
         differing = 0
         for sc, sg in zip(scenarios, sglang, strict=True):
@@ -104,9 +196,11 @@ def main() -> int:
     ap.add_argument("sglang")
     ap.add_argument("--only", default="")
     a = ap.parse_args()
-    scenarios = [json.loads(x) for x in open(a.scenarios) if x.strip()]
-    sglang = [json.loads(x) for x in open(a.sglang) if x.strip()]
-    names = [n for n in a.only.split(",") if n] or list(MUTATIONS)
+    scenarios, sglang = compare.read_jsonl(a.scenarios), compare.read_jsonl(a.sglang)
+    servers = [sc["server"] for sc in scenarios]
+    names = [n for n in a.only.split(",") if n] or [
+        n for n, (_, applies) in MUTATIONS.items() if any(applies(s) for s in servers)
+    ]
     missed = []
     for name in names:
         n = run(scenarios, sglang, name)

@@ -3,9 +3,11 @@
 # (sglang_side.py) and through kvadmit's Engine (kvadmit_side.py), compared event by event.
 #
 #   crosscheck/sglang_loop/run.sh            # quick run, about a minute on 2 slow cores
-#   FULL=1 crosscheck/sglang_loop/run.sh     # the measured suite (>= 100,000 steps per version x loop)
+#   FULL=1 crosscheck/sglang_loop/run.sh     # the measured suite (>= 100,000 steps per version x loop;
+#                                            # SEEDS="101 102 ..." overrides its seeds)
 #   MUTATE=1 ...                             # also the mutation check (each altered rule must be caught)
 #   VERSIONS="0.5.22 0.5.23" LOOPS="normal overlap" ...   # which SGLang versions and loops
+#   PRIORITY=1 ...                           # priority scheduling on (fcfs, priorities 0..30; see README)
 #
 # Environment: KV_PY (kvadmit's python, default the repo's .venv), VENV_0_5_22 / VENV_0_5_23 (the SGLang
 # venvs; ../sglang_scheduler/setup.sh makes them: VERSION=0.5.23 for the second), WORK (where the files
@@ -51,11 +53,11 @@ print(int("disable_overlap_schedule" in {f.name for f in dataclasses.fields(Serv
 
 # Quick: one seed, a few scenarios. FULL: fixed seeds, sized for >= 100,000 launched batches each.
 if [ "${FULL:-0}" = 1 ]; then
-	SEEDS="101 102 103 104 105 106"
+	SEEDS="${SEEDS:-101 102 103 104}"
 	COUNT=60
 else
 	SEEDS="${SEED:-1}"
-	COUNT="${COUNT:-12}"
+	COUNT="${COUNT:-8}"
 fi
 
 status=0
@@ -77,7 +79,7 @@ for version in $VERSIONS; do
 		: >"$WORK/$tag.scenarios.jsonl"
 		for seed in $SEEDS; do
 			"$KV_PY" "$HERE/gen.py" "$seed" "$COUNT" --overlap "$overlap" --version "$version" \
-				--abort-fraction 0.1 >>"$WORK/$tag.scenarios.jsonl"
+				--abort-fraction 0.1 --priority "${PRIORITY:-0}" >>"$WORK/$tag.scenarios.jsonl"
 		done
 		"$venv/bin/python" "$HERE/sglang_side.py" "$WORK/$tag.scenarios.jsonl" \
 			>"$WORK/$tag.sglang.jsonl" 2>"$WORK/$tag.sglang.log"

@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import sys
 import time
 import traceback
@@ -49,6 +48,7 @@ from sglang.srt.server_args import ServerArgs  # noqa: E402
 
 rc.publish(ServerArgs(model_path="dummy", device="cpu"), role="scheduler")
 
+import record  # noqa: E402  (this folder)
 from sglang.srt.managers import scheduler as sched_mod  # noqa: E402
 from sglang.srt.managers.schedule_batch import ScheduleBatch  # noqa: E402
 from sglang.srt.managers.scheduler import Scheduler  # noqa: E402
@@ -60,8 +60,6 @@ from sglang.srt.mem_cache.unified_cache.components import ComponentType  # noqa:
 from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache  # noqa: E402
 from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: E402
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm  # noqa: E402
-
-import record  # noqa: E402  (this folder)
 
 EOS = record.EOS_TOKEN
 OTHER = record.OTHER_TOKEN
@@ -111,8 +109,11 @@ class LogCatcher(logging.Handler):
 
 
 catcher = LogCatcher()
-for _name in ("sglang.srt.managers.scheduler", "sglang.srt.managers.scheduler_components.metrics_reporter",
-              "sglang.srt.managers.schedule_batch"):
+for _name in (
+    "sglang.srt.managers.scheduler",
+    "sglang.srt.managers.scheduler_components.metrics_reporter",
+    "sglang.srt.managers.schedule_batch",
+):
     logging.getLogger(_name).addHandler(catcher)
     logging.getLogger(_name).setLevel(logging.INFO)
     logging.getLogger(_name).propagate = False
@@ -153,6 +154,7 @@ def make_server_args(server: dict) -> ServerArgs:
         disable_overlap_schedule=not server["overlap"],
         context_length=server.get("context_length"),
         grammar_backend="none",
+        enable_priority_scheduling=server.get("enable_priority_scheduling", False),
     )
 
 
@@ -177,7 +179,7 @@ class StubNgram:
 class StubGrammar:
     """No constrained decoding in these scenarios: no request goes to the grammar queue."""
 
-    grammar_queue: list = []
+    grammar_queue: tuple = ()
 
     def has_waiting_grammars(self):
         return False
@@ -214,8 +216,15 @@ def build_scheduler(server: dict):
     mrr = resolve_max_running_requests(server.get("max_running_requests"), pool, context_len)
     # One rank of everything (tp, pp, attention tp/cp/dp all of size 1).
     rc.get_parallel().override_permanently(
-        pp_max_micro_batch_size=max(mrr, 1), attn_tp_rank=0, attn_cp_rank=0, attn_dp_rank=0, pp_rank=0,
-        tp_rank=0, dp_rank=None, moe_ep_rank=0, attn_dcp_rank=0,
+        pp_max_micro_batch_size=max(mrr, 1),
+        attn_tp_rank=0,
+        attn_cp_rank=0,
+        attn_dp_rank=0,
+        pp_rank=0,
+        tp_rank=0,
+        dp_rank=None,
+        moe_ep_rank=0,
+        attn_dcp_rank=0,
     )
     max_req_len = min(context_len - 1, pool - 1)  # TpModelWorker.get_worker_info
 
@@ -395,7 +404,7 @@ class Driver:
 
     def __init__(self, scenario: dict):
         self.sc = scenario
-        self.s = s = build_scheduler(scenario["server"])
+        self.s = build_scheduler(scenario["server"])
         self.events: list = []
         self.launched = 0
         self.requests = sorted(scenario["requests"], key=lambda r: r["arrive_after"])
@@ -456,6 +465,7 @@ class Driver:
                 self.add(self.requests[self.next_arrival])
                 self.next_arrival += 1
             self.idle_seen = False
+            self.quiet_passes = 0  # a hang is judged on the passes after the last arrival
         while self.next_abort < len(self.aborts) and self.aborts[self.next_abort][0] <= self.launched:
             self.client_abort(self.aborts[self.next_abort][1])
             self.next_abort += 1
@@ -495,6 +505,7 @@ class Driver:
             top_logprobs_num=0,
             token_ids_logprob=None,
             stream=False,
+            priority=spec.get("priority"),
         )
         before = {id(r) for r in s.waiting_queue}
         s.handle_generate_request(recv)
@@ -523,6 +534,7 @@ class Driver:
 
     def run_batch(self, batch, pp_proxy_tensors=None):
         s = self.s
+        self.scan_finished()  # ends decided in this pass (a chunked request's client abort) come first
         s.forward_ct += 1
         batch.forward_iter = s.forward_ct
         batch.launch_ts = time.monotonic()
@@ -530,7 +542,7 @@ class Driver:
         self.launched += 1
         self.quiet_passes = 0
         if batch.forward_mode.is_extend():
-            rows = [[r.rid, int(n)] for r, n in zip(batch.reqs, batch.extend_lens)]
+            rows = [[r.rid, int(n)] for r, n in zip(batch.reqs, batch.extend_lens, strict=True)]
             kind = "prefill"
         else:
             rows = [[r.rid, 1] for r in batch.reqs]
@@ -587,7 +599,50 @@ def _run_scenario(sc: dict) -> dict:
     return {"id": sc["id"], "events": d.events}
 
 
+SELF_CHECK = {
+    "id": "self-check",
+    "server": {
+        "max_total_tokens": 256,
+        "page_size": 1,
+        "chunked_prefill_size": 64,
+        "max_prefill_tokens": 16384,
+        "max_running_requests": None,
+        "schedule_conservativeness": 1.0,
+        "disable_radix_cache": False,
+        "schedule_policy": "fcfs",
+        "decode_log_interval": 1,
+        "context_length": 4096,
+        "overlap": False,
+    },
+    "requests": [
+        {
+            "rid": "a",
+            "input_ids": [100, 101, 102],
+            "max_new_tokens": 3,
+            "ignore_eos": False,
+            "eos_at": None,
+            "arrive_after": 0,
+        },
+    ],
+}
+
+
+def self_check():
+    """Both loops on a one-request script: a prefill then two decodes, ended by length."""
+    from importlib.metadata import version
+
+    for overlap in (False, True):
+        sc = json.loads(json.dumps(SELF_CHECK))
+        sc["server"]["overlap"] = overlap
+        kinds = [e[2] for e in run_scenario(sc)["events"] if e[0] == "B"]
+        assert kinds == ["prefill", "decode", "decode"], (overlap, kinds)
+    print(f"sglang {version('sglang')}: both event loops run")
+
+
 def main():
+    if sys.argv[1:] == ["--self-check"]:
+        self_check()
+        return
     if len(sys.argv) != 2:
         sys.exit(__doc__)
     with open(sys.argv[1]) as f:
@@ -598,7 +653,11 @@ def main():
             try:
                 out = run_scenario(sc)
             except Exception as e:  # report, keep going
-                out = {"id": sc["id"], "error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()[-2000:]}
+                out = {
+                    "id": sc["id"],
+                    "error": f"{type(e).__name__}: {e}",
+                    "trace": traceback.format_exc()[-2000:],
+                }
             print(json.dumps(out), flush=True)
 
 

@@ -16,6 +16,7 @@ from kvadmit.scheduler.priority import PriorityScheduling
 WAITING_QUEUE_PREFIX_MATCH_MAX = 128  # above this many waiting, lpm falls back to fcfs for the pass
 IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD = 32  # a match this short is checked against other waiting reqs
 IN_BATCH_PREFIX_CACHING_DEPRIORITIZE_THRESHOLD = 32  # sharing this much with an earlier one defers it
+WAITING_PREFIX_REFRESH_INTERVAL = 32  # a cache-agnostic order refreshes the waiting prefixes every 32nd pass
 
 
 class QueueOrder:
@@ -25,6 +26,7 @@ class QueueOrder:
         self.policy = policy
         self.cache = cache
         self.rng = random.Random(seed)
+        self.refresh_calls = 0
         # priority scheduling (fcfs and lof only: ServerArgs.check_startup refuses the others with it)
         self.prio = prio if prio is not None and prio.enabled else None
 
@@ -41,18 +43,33 @@ class QueueOrder:
             configured = "fcfs" if self.policy == "lpm" and not self.cache.enabled else self.policy
             if configured == "fcfs":
                 self.prio.sort_fcfs(waiting)
+                self._refresh_waiting_prefixes(waiting)
                 return
             if configured == "lof":
                 self.prio.sort_lof(waiting)
+                self._refresh_waiting_prefixes(waiting)
                 return
-        if policy == "fcfs":
+        if policy == "lpm":
+            self._sort_lpm(waiting)
             return
         if policy == "lof":
             waiting.sort(key=lambda r: -r.max_new_tokens)
         elif policy == "random":
             self.rng.shuffle(waiting)
-        elif policy == "lpm":
-            self._sort_lpm(waiting)
+        self._refresh_waiting_prefixes(waiting)
+
+    def _refresh_waiting_prefixes(self, waiting: list[Req]) -> None:
+        """SGLang 0.5.22 (SchedulePolicy._touch_waiting_prefixes, SGLANG_ENABLE_WAITING_PREFIX_REFRESH on
+        by default, LRU eviction): under an order that does not match prefixes, every 32nd sorting pass
+        marks the cached prefixes of the first 128 waiting requests as just used, the head last, so that
+        LRU eviction takes what no waiting request needs first."""
+        if not waiting or not self.cache.enabled:
+            return
+        refresh = self.refresh_calls % WAITING_PREFIX_REFRESH_INTERVAL == 0
+        self.refresh_calls += 1
+        if refresh:
+            for req in reversed(waiting[:WAITING_QUEUE_PREFIX_MATCH_MAX]):
+                self.cache.touch_prefix(req.fill_ids())
 
     def _sort_lpm(self, waiting: list[Req]) -> None:
         """Longest cached prefix first. A request with little cached that shares a long prefix with an
@@ -61,10 +78,11 @@ class QueueOrder:
         deferred: set[int] = set()
         in_batch = RadixCache(TokenPool(1), page_size=1)  # keys only; its slots are never used
         for req in waiting:
-            fill = req.fill_ids()
-            key = fill[: len(fill) - 1]
+            # SGLang 0.5.22 matches the whole prompt + outputs (the tree splits where that match ends) and
+            # sorts by the match capped at len − 1; the in-batch check reads the uncapped match.
+            key = req.fill_ids()
             n = len(self.cache.match_prefix(key).value)
-            matched[id(req)] = n
+            matched[id(req)] = min(n, len(key) - 1)
             if n <= IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD:
                 shared = len(in_batch.match_prefix(key).value)
                 if shared >= IN_BATCH_PREFIX_CACHING_DEPRIORITIZE_THRESHOLD:
