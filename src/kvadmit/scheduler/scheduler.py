@@ -301,12 +301,9 @@ class Scheduler(RequestIntake, DecodeMemory, StepResults, PriorityPreemption, Mi
             if req is not chunked:
                 self.req_slots.alloc()
             self._alloc_kv(req, req.fill_len - len(req.kv))
-        batch = ScheduledBatch(
-            kind="prefill",
-            reqs=admitted,
-            chunked=self.chunked_req,
-            stats=self._prefill_stats(adder, record.running_bs),
-        )
+        # (#running-req as SGLang logs it: after any preemption)
+        stats = self._prefill_stats(adder, len(self.running.reqs))
+        batch = ScheduledBatch(kind="prefill", reqs=admitted, chunked=self.chunked_req, stats=stats)
         return self.mix_running(batch) if self.mixed_chunk else batch
 
     def _new_admission_pass(self) -> AdmissionPass:
