@@ -103,6 +103,7 @@ def main() -> None:
     ap.add_argument("--version", default="0.5.22")
     ap.add_argument("--abort-fraction", type=float, default=0.0)
     ap.add_argument("--priority", type=int, default=0, help="1: priority scheduling on, priorities 0..30")
+    ap.add_argument("--mixed", type=int, default=0, help="1: --enable-mixed-chunk (chunked prefill always on)")
     a = ap.parse_args()
     rng = random.Random(a.seed)
     for k in range(a.count):
@@ -113,6 +114,10 @@ def main() -> None:
             sc["server"]["enable_priority_scheduling"] = True
             for r in sc["requests"]:
                 r["priority"] = rng.choice([None, 0, 1, 5, 12, 20, 30])
+        if a.mixed:
+            sc["server"]["enable_mixed_chunk"] = True
+            if sc["server"]["chunked_prefill_size"] is None:  # mixed chunks need chunked prefill
+                sc["server"]["chunked_prefill_size"] = sc["server"]["page_size"] * rng.choice([8, 16, 64])
         print(json.dumps(sc))
 
 

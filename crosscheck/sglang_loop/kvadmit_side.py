@@ -52,6 +52,8 @@ def server_args(server: dict) -> ServerArgs:
         raise NotImplementedError("this kvadmit has no overlap loop (ServerArgs.disable_overlap_schedule)")
     if server.get("enable_priority_scheduling"):
         kw["enable_priority_scheduling"] = True
+    if server.get("enable_mixed_chunk"):
+        kw["enable_mixed_chunk"] = True
     if server.get("env"):
         kw["knobs"] = SchedulerKnobs.from_environ(server["env"])
     if server.get("sglang_version"):
@@ -105,7 +107,8 @@ class Recorder:
     def run(self, batch: ScheduledBatch) -> StepResult:
         self.launched += 1
         if batch.kind == "prefill":
-            rows = [[r.rid, r.extend_input_len] for r in batch.reqs]
+            riding = set(map(id, getattr(batch, "decoding", None) or ()))  # mixed chunk: decode rows extend 1
+            rows = [[r.rid, 1 if id(r) in riding else r.extend_input_len] for r in batch.reqs]
         else:
             rows = [[r.rid, 1] for r in batch.reqs]
         self.events.append(["B", self.launched, batch.kind, rows, self.scheduler.ratio.current])

@@ -155,6 +155,7 @@ def make_server_args(server: dict) -> ServerArgs:
         context_length=server.get("context_length"),
         grammar_backend="none",
         enable_priority_scheduling=server.get("enable_priority_scheduling", False),
+        enable_mixed_chunk=server.get("enable_mixed_chunk", False),
     )
 
 
