@@ -125,19 +125,20 @@ def test_a_tiny_model_loads_quantized_and_stays_close(tmp_path: Path) -> None:
     model = load_hf_folder(tmp_path, torch.float32, quantization="int8")
     assert isinstance(model.model.layers[0].mlp.down_proj, Int8Linear)
     assert model.new_kv_pool(8)[0].dtype == torch.bfloat16
-    with pytest.raises(ModelLoadError, match="quantization 'fp8' is not supported; choose int8, int4"):
+    with pytest.raises(
+        ModelLoadError, match="--quantization fp8 is not supported by kvadmit; choose int8, int4"
+    ):
         load_hf_folder(tmp_path, torch.float32, quantization="fp8")
 
 
-def test_the_flag_names_what_it_takes() -> None:
+def test_the_flag_takes_sglangs_names_and_refuses_others() -> None:
     from kvadmit.cli.flags import quantization_name
 
-    assert quantization_name("int4") == "int4"
-    assert quantization_name("unquant") is None
+    assert [quantization_name(v) for v in ("int4", "unquant", "awq")] == ["int4", "unquant", "awq"]
     with pytest.raises(
-        argparse.ArgumentTypeError, match="'awq' is not supported by kvadmit; choose int8, int4"
+        argparse.ArgumentTypeError, match="'int3' is not a quantization; kvadmit implements int8"
     ):
-        quantization_name("awq")
+        quantization_name("int3")
 
 
 @pytest.mark.parametrize("name", list(QUANTIZATIONS))
