@@ -258,6 +258,10 @@ def main() -> None:
     ap.add_argument("--sides", default="float32,bfloat16,int8,int4,llama.cpp")
     ap.add_argument("--no-transformers", action="store_true")
     ap.add_argument("--logs", default="/tmp")
+    ap.add_argument(
+        "--results", metavar="FILE.jsonl", help="append each side's measurement to FILE, and report every "
+        "side FILE holds (so that sides measured by separate invocations land in one table)",
+    )  # fmt: skip
     ap.add_argument("--output", default=str(HERE / "engine_speed.txt"))
     ns = ap.parse_args()
     from transformers import AutoTokenizer
@@ -266,7 +270,7 @@ def main() -> None:
 
     folder = ensure_default_model()
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
-    sides = [s for s in ns.sides.split(",") if s != "llama.cpp" or ns.llama_python]
+    sides = [s for s in ns.sides.split(",") if s and (s != "llama.cpp" or ns.llama_python)]
     gguf = default_gguf() if "llama.cpp" in sides else Path()
     prompts = concurrent_prompts(tokenizer)
     load_before = os.getloadavg()[0]
@@ -275,7 +279,15 @@ def main() -> None:
         for side in sides:
             results[side].append(measure(side, ns, gguf, prompts, int(tokenizer.eos_token_id)))
             print(side, results[side][-1], file=sys.stderr, flush=True)
-    agree = agreements(folder, tokenizer, [s for s in sides if s in KVADMIT_SIDES])
+            if ns.results:
+                with open(ns.results, "a", encoding="utf-8") as f:
+                    f.write(json.dumps({"side": side, **results[side][-1]}) + "\n")
+    if ns.results:
+        results = {}
+        for line in Path(ns.results).read_text().splitlines():
+            row = json.loads(line)
+            results.setdefault(row.pop("side"), []).append(row)
+    agree = agreements(folder, tokenizer, [s for s in results if s in KVADMIT_SIDES])
     hf = None if ns.no_transformers else transformers_single(folder, ns.threads)
     publish(report(ns, results, agree, hf, (load_before, os.getloadavg()[0])), ns.output)
 

@@ -147,8 +147,10 @@ def test_many_rows_dequantize_and_agree_with_the_kernel(name: str) -> None:
     from kvadmit.model.quant import KERNEL_MAX_ROWS
 
     lin = _linear(64, 128, True)
-    twin = quantized_twin(lin, QUANTIZATIONS[name], torch.float32)
-    x = torch.randn(KERNEL_MAX_ROWS + 1, 128)
-    by_kernel = torch.cat([twin(x[:KERNEL_MAX_ROWS]), twin(x[KERNEL_MAX_ROWS:])])
+    spec = QUANTIZATIONS[name]
+    twin = quantized_twin(lin, spec, torch.float32)
+    rows = KERNEL_MAX_ROWS[spec.bits]
+    x = torch.randn(rows + 1, 128)
+    by_kernel = torch.cat([twin(x[:rows]), twin(x[rows:])])
     torch.testing.assert_close(twin(x), by_kernel, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(twin(x), x @ twin.dequantized().T + twin.bias, rtol=1e-5, atol=1e-5)
