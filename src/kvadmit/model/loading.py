@@ -95,7 +95,7 @@ def load_hf_folder(
     model.tie_and_init_buffers()
     model.eval()
     if quantization is not None:
-        quantize_linears(model, quantization, dtype)
+        quantize_linears(model, quantization)  # its kernels take bf16 inputs, whatever the model computes in
         return_freed_memory()
     elif pack and model.device.type == "cpu":
         pack_linears(model)
