@@ -123,7 +123,10 @@ def test_a_tiny_model_loads_quantized_and_stays_close(tmp_path: Path) -> None:
                                    num_attention_heads=4, num_key_value_heads=2)  # fmt: skip
     transformers.LlamaForCausalLM(cfg).save_pretrained(tmp_path, safe_serialization=True)
     model = load_hf_folder(tmp_path, torch.float32, quantization="int8")
-    assert isinstance(model.model.layers[0].mlp.down_proj, Int8Linear)
+    down = model.model.layers[0].mlp.down_proj
+    assert isinstance(down, Int8Linear)
+    assert down.scales.dtype == torch.bfloat16  # the kernels' fast input dtype, though the model is float32
+    assert down(torch.randn(2, 128)).dtype == torch.float32
     assert model.new_kv_pool(8)[0].dtype == torch.bfloat16
     with pytest.raises(
         ModelLoadError, match="--quantization fp8 is not supported by kvadmit; choose int8, int4"
