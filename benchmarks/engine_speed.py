@@ -91,9 +91,10 @@ def start(side: str, ns: argparse.Namespace, gguf: Path) -> tuple[subprocess.Pop
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": str(ns.threads)}
     if side == "llama.cpp":
+        context = CONCURRENCY * (PROMPT_TOKENS + OUTPUT_TOKENS + 64)
         cmd = [ns.llama_python, "-m", "llama_cpp.server", "--model", str(gguf), "--port", str(port),
-               "--n_ctx", str(CONCURRENCY * (PROMPT_TOKENS + OUTPUT_TOKENS + 64)), "--n_threads", str(ns.threads),
-               "--n_threads_batch", str(ns.threads), "--n_batch", "512"]  # fmt: skip
+               "--n_ctx", str(context), "--n_threads", str(ns.threads), "--n_threads_batch", str(ns.threads),
+               "--n_batch", "512"]  # fmt: skip
         health = f"http://127.0.0.1:{port}/v1/models"
     else:
         dtype, quant = KVADMIT_SIDES[side]
@@ -146,7 +147,8 @@ def concurrent_prompts(tokenizer: object) -> list[str]:
     words = TEXT.read_text().split()
     out = []
     for i in range(CONCURRENCY):
-        ids = tokenizer.encode(f"Note {i + 1} of {CONCURRENCY}. " + " ".join(words * 3))  # type: ignore[attr-defined]
+        text = f"Note {i + 1} of {CONCURRENCY}. " + " ".join(words * 3)
+        ids = tokenizer.encode(text)  # type: ignore[attr-defined]
         out.append(tokenizer.decode(ids[:PROMPT_TOKENS]))  # type: ignore[attr-defined]
     return out
 
@@ -190,14 +192,14 @@ def transformers_single(folder: Path, threads: int) -> float | None:
 
 def report(ns: argparse.Namespace, results: dict[str, list[dict[str, float]]], agree: dict[str, float],
            hf: float | None, loads: tuple[float, float]) -> list[str]:  # fmt: skip
-    best = {s: {k: max(r[k] for r in rs) for k in ("single", "batched")} | {"memory": max(r["memory"] for r in rs)}
-            for s, rs in results.items()}  # fmt: skip
+    best = {side: {"single": max(r["single"] for r in rs), "batched": max(r["batched"] for r in rs),
+                   "memory": max(r["memory"] for r in rs)} for side, rs in results.items()}  # fmt: skip
     lines = [
         "# benchmarks/engine_speed.py: SmolLM2-135M-Instruct, kvadmit serve vs llama.cpp's server",
         f"date: {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC",
-        f"machine: {cpu_model()} (AVX512-BF16, AMX), {os.cpu_count()} cores SHARED with other jobs; Python "
-        f"{platform.python_version()}; {ns.threads} thread(s) per server; load average {loads[0]:.1f} before, "
-        f"{loads[1]:.1f} after; best of {ns.rounds} round(s) per side",
+        f"machine: {cpu_model()} (AVX512-BF16, AMX), {os.cpu_count()} cores SHARED with other jobs; "
+        f"Python {platform.python_version()}; {ns.threads} thread(s) per server; load average "
+        f"{loads[0]:.1f} before, {loads[1]:.1f} after; best of {ns.rounds} round(s) per side",
         "command: " + " ".join(["python", "benchmarks/engine_speed.py", *sys.argv[1:]]),
         "",
         f"| side | single stream tok/s | {CONCURRENCY} × ({PROMPT_TOKENS} + {OUTPUT_TOKENS}) output tok/s | "
@@ -206,23 +208,38 @@ def report(ns: argparse.Namespace, results: dict[str, list[dict[str, float]]], a
     ]
     for side, b in best.items():
         ag = f"{100 * agree[side]:.1f}%" if side in agree else "(its own Q4_1 arithmetic)"
-        lines.append(
-            f"| {side_label(side)} | {b['single']:.1f} | {b['batched']:.1f} | {b['memory']:,.0f} | {ag} |"
-        )
+        cells = f"{b['single']:.1f} | {b['batched']:.1f} | {b['memory']:,.0f} | {ag}"
+        lines.append(f"| {side_label(side)} | {cells} |")
     if hf is not None:
         lines.append(f"| transformers float32 generate (in process, no server) | {hf:.1f} | | | |")
-    lines += ["", f"agreement: over the {agree.get('tokens', 0):.0f} tokens of tests/data/agreement_text.txt, "
-              "teacher-forced: the share of positions whose most likely next token equals float32's"]  # fmt: skip
+    return lines + notes(results, best, agree)
+
+
+def notes(results: dict[str, list[dict[str, float]]], best: dict[str, dict[str, float]],
+          agree: dict[str, float]) -> list[str]:  # fmt: skip
+    lines = [
+        "",
+        f"agreement: over the {agree.get('tokens', 0):.0f} tokens of tests/data/agreement_text.txt, "
+        "teacher-forced: the share of positions whose most likely next token equals float32's",
+        "llama.cpp's server here is llama-cpp-python's (python -m llama_cpp.server): it has no parallel "
+        "slots and serves one request at a time; llama.cpp's own llama-server binary (--parallel) was not "
+        "built (compiling it did not fit in this session on 2 shared cores)",
+    ]
     for side, rs in results.items():
-        lines.append(f"rounds of {side}: " + "; ".join(f"{r['single']:.1f} single, {r['batched']:.1f} batched "
-                                                      f"({r['outputs']:.0f} tokens)" for r in rs))  # fmt: skip
+        runs = "; ".join(f"{r['single']:.1f} single, {r['batched']:.1f} batched ({r['outputs']:.0f} tokens)"
+                         for r in rs)  # fmt: skip
+        lines.append(f"rounds of {side}: {runs}")
     if "llama.cpp" in best:
         ref = best["llama.cpp"]
         for side in (s for s in best if s != "llama.cpp"):
-            lines.append(f"{side} vs llama.cpp: single {best[side]['single'] / ref['single']:.2f}×, "
-                         f"{CONCURRENCY} concurrent {best[side]['batched'] / ref['batched']:.2f}×")  # fmt: skip
-    lines.append("targets (issue #22): single stream ≥ llama.cpp; 16 concurrent ≥ 2× llama.cpp's server; "
-                 "peak memory ≤ 600 MB")  # fmt: skip
+            single, batched = best[side]["single"] / ref["single"], best[side]["batched"] / ref["batched"]
+            lines.append(
+                f"{side} vs llama.cpp: single {single:.2f}×, {CONCURRENCY} concurrent {batched:.2f}×"
+            )
+    lines.append(
+        "targets (issue #22): single stream ≥ llama.cpp; 16 concurrent ≥ 2× llama.cpp's server; peak memory "
+        "≤ 600 MB"
+    )
     return lines
 
 
@@ -241,6 +258,10 @@ def main() -> None:
     ap.add_argument("--sides", default="float32,bfloat16,int8,int4,llama.cpp")
     ap.add_argument("--no-transformers", action="store_true")
     ap.add_argument("--logs", default="/tmp")
+    ap.add_argument(
+        "--results", metavar="FILE.jsonl", help="append each side's measurement to FILE, and report every "
+        "side FILE holds (so that sides measured by separate invocations land in one table)",
+    )  # fmt: skip
     ap.add_argument("--output", default=str(HERE / "engine_speed.txt"))
     ns = ap.parse_args()
     from transformers import AutoTokenizer
@@ -249,7 +270,7 @@ def main() -> None:
 
     folder = ensure_default_model()
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
-    sides = [s for s in ns.sides.split(",") if s != "llama.cpp" or ns.llama_python]
+    sides = [s for s in ns.sides.split(",") if s and (s != "llama.cpp" or ns.llama_python)]
     gguf = default_gguf() if "llama.cpp" in sides else Path()
     prompts = concurrent_prompts(tokenizer)
     load_before = os.getloadavg()[0]
@@ -258,7 +279,15 @@ def main() -> None:
         for side in sides:
             results[side].append(measure(side, ns, gguf, prompts, int(tokenizer.eos_token_id)))
             print(side, results[side][-1], file=sys.stderr, flush=True)
-    agree = agreements(folder, tokenizer, [s for s in sides if s in KVADMIT_SIDES])
+            if ns.results:
+                with open(ns.results, "a", encoding="utf-8") as f:
+                    f.write(json.dumps({"side": side, **results[side][-1]}) + "\n")
+    if ns.results:
+        results = {}
+        for line in Path(ns.results).read_text().splitlines():
+            row = json.loads(line)
+            results.setdefault(row.pop("side"), []).append(row)
+    agree = agreements(folder, tokenizer, [s for s in results if s in KVADMIT_SIDES])
     hf = None if ns.no_transformers else transformers_single(folder, ns.threads)
     publish(report(ns, results, agree, hf, (load_before, os.getloadavg()[0])), ns.output)
 

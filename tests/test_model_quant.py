@@ -123,21 +123,25 @@ def test_a_tiny_model_loads_quantized_and_stays_close(tmp_path: Path) -> None:
                                    num_attention_heads=4, num_key_value_heads=2)  # fmt: skip
     transformers.LlamaForCausalLM(cfg).save_pretrained(tmp_path, safe_serialization=True)
     model = load_hf_folder(tmp_path, torch.float32, quantization="int8")
-    assert isinstance(model.model.layers[0].mlp.down_proj, Int8Linear)
+    down = model.model.layers[0].mlp.down_proj
+    assert isinstance(down, Int8Linear)
+    assert down.scales.dtype == torch.bfloat16  # the kernels' fast input dtype, though the model is float32
+    assert down(torch.randn(2, 128)).dtype == torch.float32
     assert model.new_kv_pool(8)[0].dtype == torch.bfloat16
-    with pytest.raises(ModelLoadError, match="quantization 'fp8' is not supported; choose int8, int4"):
+    with pytest.raises(
+        ModelLoadError, match="--quantization fp8 is not supported by kvadmit; choose int8, int4"
+    ):
         load_hf_folder(tmp_path, torch.float32, quantization="fp8")
 
 
-def test_the_flag_names_what_it_takes() -> None:
+def test_the_flag_takes_sglangs_names_and_refuses_others() -> None:
     from kvadmit.cli.flags import quantization_name
 
-    assert quantization_name("int4") == "int4"
-    assert quantization_name("unquant") is None
+    assert [quantization_name(v) for v in ("int4", "unquant", "awq")] == ["int4", "unquant", "awq"]
     with pytest.raises(
-        argparse.ArgumentTypeError, match="'awq' is not supported by kvadmit; choose int8, int4"
+        argparse.ArgumentTypeError, match="'int3' is not a quantization; kvadmit implements int8"
     ):
-        quantization_name("awq")
+        quantization_name("int3")
 
 
 @pytest.mark.parametrize("name", list(QUANTIZATIONS))
@@ -146,8 +150,10 @@ def test_many_rows_dequantize_and_agree_with_the_kernel(name: str) -> None:
     from kvadmit.model.quant import KERNEL_MAX_ROWS
 
     lin = _linear(64, 128, True)
-    twin = quantized_twin(lin, QUANTIZATIONS[name], torch.float32)
-    x = torch.randn(KERNEL_MAX_ROWS + 1, 128)
-    by_kernel = torch.cat([twin(x[:KERNEL_MAX_ROWS]), twin(x[KERNEL_MAX_ROWS:])])
+    spec = QUANTIZATIONS[name]
+    twin = quantized_twin(lin, spec, torch.float32)
+    rows = KERNEL_MAX_ROWS[spec.bits]
+    x = torch.randn(rows + 1, 128)
+    by_kernel = torch.cat([twin(x[:rows]), twin(x[rows:])])
     torch.testing.assert_close(twin(x), by_kernel, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(twin(x), x @ twin.dequantized().T + twin.bias, rtol=1e-5, atol=1e-5)

@@ -220,7 +220,7 @@ def test_preemption_needs_a_priority_more_than_the_threshold_above(
 def test_the_prefill_line_counts_the_running_batch_after_the_preemption() -> None:
     # SGLang's PrefillStats.from_adder reads the running batch the adder left: r was preempted, so the
     # Prefill batch line that admits b says #running-req 0, not the 1 running when the pass began.
-    sched, r = _one_running()
+    sched, _ = _one_running()
     sched.add_request(preq("b", 11, prompt=100))
     batch, _ = step(sched)
     assert rids(batch.reqs) == ["b"] and batch.stats is not None and batch.stats.running_req == 0

@@ -83,8 +83,8 @@ def test_the_docs_line_as_written_is_refused_in_one_line(tmp_path: Path) -> None
     )  # fmt: skip
     assert out.returncode == 2
     assert out.stderr.splitlines() == [
-        "kvadmit serve: error: --quantization modelslim: kvadmit loads unquantized weights (the pool size "
-        "follows from them)"
+        "kvadmit serve: error: --tp-size 16: kvadmit runs one scheduler on one device: no tensor, pipeline, "
+        "data or context parallelism"
     ]
 
 

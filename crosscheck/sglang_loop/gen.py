@@ -103,7 +103,7 @@ def main() -> None:
     ap.add_argument("--version", default="0.5.22")
     ap.add_argument("--abort-fraction", type=float, default=0.0)
     ap.add_argument("--priority", type=int, default=0, help="1: priority scheduling on, priorities 0..30")
-    ap.add_argument("--mixed", type=int, default=0, help="1: --enable-mixed-chunk (chunked prefill always on)")
+    ap.add_argument("--mixed", type=int, default=0, help="1: --enable-mixed-chunk (chunked prefill on)")
     a = ap.parse_args()
     rng = random.Random(a.seed)
     for k in range(a.count):

@@ -118,19 +118,20 @@ def dtype_name(text: str) -> str:
     return DTYPE_ALIASES.get(text, text)
 
 
-def quantization_name(text: str) -> str | None:
-    """--quantization's value: one kvadmit implements (None for the weights as they are), else one line
-    saying which it takes (SGLang's other methods need GPU kernels or checkpoints kvadmit does not load)."""
+def quantization_name(text: str) -> str:
+    """--quantization's value: kvadmit's own (int8, int4), unquant/none, or any of SGLang's choices, which
+    parse so that a SGLang launch line does; the loader then refuses those it does not implement with one
+    line (model/loading.py)."""
+    from kvadmit.cli.sglang_flags import sglang_flags
     from kvadmit.model.quant import NO_QUANTIZATION, QUANTIZATIONS
 
-    if text in NO_QUANTIZATION:
-        return None
-    if text not in QUANTIZATIONS:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not supported by kvadmit; choose {', '.join(QUANTIZATIONS)} (weight-only, on the "
-            "CPU) or unquant"
-        )
-    return text
+    sglang_choices = next(f.choices for f in sglang_flags() if f.dest == "quantization") or []
+    if text in QUANTIZATIONS or text in NO_QUANTIZATION or text in sglang_choices:
+        return text
+    raise argparse.ArgumentTypeError(
+        f"{text!r} is not a quantization; kvadmit implements {', '.join(QUANTIZATIONS)} (weight-only, on the "
+        "CPU) and unquant"
+    )
 
 
 def add_model_flags(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:

@@ -208,7 +208,7 @@ def _averaged(ns: argparse.Namespace) -> CostModel:
     given += ["--repeats"] if ns.repeats is not None else []
     given += ["--model-path"] if ns.model_path is not None else []
     given += [f"--{k}" for k in ("dtype", "device") if getattr(ns, k) != "auto"]
-    given += ["--quantization"] if ns.quantization is not None else []
+    given += ["--quantization"] if ns.quantization is not None else []  # unquant too: it measures nothing
     if given:
         raise UsageError(f"--average measures nothing: {', '.join(given)} cannot go with it")
     try:
@@ -233,6 +233,7 @@ def _measured(ns: argparse.Namespace) -> CostModel:
     from kvadmit.model.default import DefaultModelError
     from kvadmit.model.device import default_device, resolve_dtype
     from kvadmit.model.loading import ModelLoadError, load_hf_folder
+    from kvadmit.model.quant import NO_QUANTIZATION
     from kvadmit.model.runtime import resolve_model_path
 
     grid = {_dest(flag): getattr(ns, _dest(flag)) or default for flag, default, _ in GRID}
@@ -247,8 +248,9 @@ def _measured(ns: argparse.Namespace) -> CostModel:
         if device != "cpu" and not (device.startswith("cuda") and torch.cuda.is_available()):
             raise UsageError(f"--device {ns.device!r}: choose auto, cpu or cuda[:N] (cuda needs a GPU that "
                              "torch sees)")  # fmt: skip
-        dtype = resolve_dtype(ns.dtype, device, quantized=ns.quantization is not None)
-        model = load_hf_folder(folder, dtype, device, quantization=ns.quantization)
+        quant = None if ns.quantization in NO_QUANTIZATION else ns.quantization
+        dtype = resolve_dtype(ns.dtype, device, quantized=quant is not None)
+        model = load_hf_folder(folder, dtype, device, quantization=quant)
     except (ModelLoadError, DefaultModelError) as e:
         raise UsageError(str(e)) from None
 

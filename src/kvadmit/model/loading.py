@@ -16,6 +16,21 @@ class ModelLoadError(ValueError):
     """The folder is not a model we can load; the message says what is missing or unsupported."""
 
 
+def check_quantization(quantization: str | None, device: str) -> None:
+    """One line for a --quantization kvadmit does not implement, or one it cannot run on `device`."""
+    from kvadmit.model.quant import NO_QUANTIZATION, QUANTIZATIONS
+
+    if quantization in NO_QUANTIZATION:
+        return
+    if quantization not in QUANTIZATIONS:
+        raise ModelLoadError(
+            f"--quantization {quantization} is not supported by kvadmit; choose {', '.join(QUANTIZATIONS)} "
+            "(weight-only, on the CPU) or unquant"
+        )
+    if device != "cpu":
+        raise ModelLoadError(f"--quantization {quantization} runs on the CPU only (its kernels are CPU ones)")
+
+
 def load_hf_folder(
     path: str | Path,
     dtype: torch.dtype = torch.float32,
@@ -29,17 +44,12 @@ def load_hf_folder(
     from safetensors.torch import load_file
 
     from kvadmit.model.cpu_pack import pack_linears, return_freed_memory
-    from kvadmit.model.quant import NO_QUANTIZATION, QUANTIZATIONS, quantize_linears
+    from kvadmit.model.quant import NO_QUANTIZATION, quantize_linears
 
     folder = Path(path)
+    check_quantization(quantization, device)
     if quantization in NO_QUANTIZATION:
         quantization = None
-    elif quantization not in QUANTIZATIONS:
-        raise ModelLoadError(
-            f"quantization {quantization!r} is not supported; choose {', '.join(QUANTIZATIONS)}"
-        )
-    elif device != "cpu":
-        raise ModelLoadError(f"--quantization {quantization} runs on the CPU only (its kernels are CPU ones)")
     config_path = folder / "config.json"
     if not config_path.is_file():
         raise ModelLoadError(f"{folder} has no config.json")
@@ -85,7 +95,7 @@ def load_hf_folder(
     model.tie_and_init_buffers()
     model.eval()
     if quantization is not None:
-        quantize_linears(model, quantization, dtype)
+        quantize_linears(model, quantization)  # its kernels take bf16 inputs, whatever the model computes in
         return_freed_memory()
     elif pack and model.device.type == "cpu":
         pack_linears(model)

@@ -64,8 +64,10 @@ def int4_quantize(w: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tens
 
 # Above this many rows a product dequantizes the weight to the activation dtype and multiplies it with
 # oneDNN (AMX on this CPU) instead: the weight-only kernels cost about linearly in the rows (a 512-row
-# prefill through the int8 kernel took 23× the bf16 matmul's time; dequantizing plus the matmul, 2×).
-KERNEL_MAX_ROWS = 32
+# prefill through the int8 kernel took 23× the bf16 matmul's time; dequantizing plus the matmul, 2×), while
+# dequantizing costs the same at any row count. Where the two cross, from single-thread timings of SmolLM2's
+# 3072 × 576 layer: about 130 rows for int8 (its dequantization is one multiply), about 330 for int4.
+KERNEL_MAX_ROWS = {8: 128, 4: 256}
 
 
 class Int8Linear(nn.Module):
@@ -85,7 +87,7 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features).to(self.scales.dtype)
-        if flat.shape[0] > KERNEL_MAX_ROWS:
+        if flat.shape[0] > KERNEL_MAX_ROWS[8]:
             out = F.linear(flat, self.weight_as(flat.dtype), self.bias)
         else:
             out = torch.ops.aten._weight_int8pack_mm(flat, self.qweight, self.scales)
@@ -129,7 +131,7 @@ class Int4Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features).to(self.scales_zeros.dtype)
-        if flat.shape[0] > KERNEL_MAX_ROWS:
+        if flat.shape[0] > KERNEL_MAX_ROWS[4]:
             out = F.linear(flat, self.weight_as(flat.dtype), self.bias)
         else:
             out = torch.ops.aten._weight_int4pack_mm_for_cpu(

@@ -78,11 +78,12 @@ def load_model(
     from transformers import AutoTokenizer
 
     from kvadmit.model.device import default_device, resolve_dtype
-    from kvadmit.model.loading import load_hf_folder
+    from kvadmit.model.loading import check_quantization, load_hf_folder
     from kvadmit.model.quant import NO_QUANTIZATION
     from kvadmit.model.sizing import available_bytes, default_mem_fraction, kv_bytes_per_token, pool_tokens
 
     device = device or default_device()
+    check_quantization(quantization, device)
     torch_dtype = resolve_dtype(dtype, device, quantized=quantization not in NO_QUANTIZATION)
     folder = resolve_model_path(model_path)
     tok_path = tokenizer_path or str(folder)
