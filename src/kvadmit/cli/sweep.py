@@ -224,10 +224,39 @@ def _search_one(job: tuple[object, object, float, object]) -> object:
     return search_max_rate(cfg, target, rel_tol=tol, run=run)  # type: ignore[arg-type]
 
 
+def run_searches(
+    ns: argparse.Namespace, fn: Callable[[object], object], jobs: list[object], workers: int
+) -> tuple[list[object], str]:
+    """Run one search per job in parallel (locally or on Ray, as the sweep's points run); the results and
+    the closing line saying where and how long."""
+    from kvadmit.sim.sweep import parallel_map
+
+    cluster_cpus: list[int] = []
+    started = time.perf_counter()
+    with _ray_errors():
+        found = parallel_map(fn, jobs, workers, ray_address=ns.ray, on_ray_connect=cluster_cpus.append)
+    wall = time.perf_counter() - started
+    return found, f"\n{len(jobs)} searches, {_where(ns.ray, cluster_cpus, workers)}, {wall:.1f} s wall"
+
+
+def print_search_table(
+    title: str, labels: list[dict[str, object]], columns: list[str], rows: list[list[str]], closing: str
+) -> None:
+    """A search's table: the swept settings of each search (its label), then its result's columns."""
+    from kvadmit.sim.sweep_report import LABELS
+
+    keys = list(labels[0]) if labels else []
+    print(title)
+    print("")
+    print("| " + " | ".join([*(LABELS.get(k, k) for k in keys), *columns]) + " |")
+    print("|" + " --- |" * len(keys) + " ---: |" * len(columns))
+    for label, cells in zip(labels, rows, strict=True):
+        print("| " + " | ".join([*(str(label[k]) for k in keys), *cells]) + " |")
+    print(closing)
+
+
 def _run_search(ns: argparse.Namespace, combos: list[dict[str, object]], workers: int) -> int:
     from kvadmit.sim.rate_search import RateSearch, Target
-    from kvadmit.sim.sweep import parallel_map
-    from kvadmit.sim.sweep_report import LABELS
 
     if ns.target_ttft_ms is None and ns.target_tpot_ms is None:
         raise UsageError("--search-max-rate needs --target-ttft-ms and/or --target-tpot-ms")
@@ -236,35 +265,26 @@ def _run_search(ns: argparse.Namespace, combos: list[dict[str, object]], workers
     if not 0 < ns.rate_tolerance < 1:
         raise UsageError(f"--rate-tolerance must be in (0, 1), got {ns.rate_tolerance}")
     target = Target(ns.target_ttft_ms, ns.target_tpot_ms, ns.target_statistic)
-    jobs, labels = [], []
+    jobs: list[object] = []
+    labels = []
     for shown, values in combos:
         shown.pop("request_rate", None)
         point_ns = _point_namespace(ns, {**values, "request_rate": 1.0})
         jobs.append((simulate_config(point_ns), target, ns.rate_tolerance, fleet_spec(point_ns)))
         labels.append(shown)
-    cluster_cpus: list[int] = []
-    started = time.perf_counter()
-    with _ray_errors():
-        found = parallel_map(
-            _search_one, jobs, workers, ray_address=ns.ray, on_ray_connect=cluster_cpus.append
-        )
-    wall = time.perf_counter() - started
-    keys = list(labels[0]) if labels else []
-    stat = target.statistic
-    head = [*(LABELS.get(k, k) for k in keys), "max req/s", f"TTFT {stat} ms", f"TPOT {stat} ms", "probes"]
-    print(f"largest request rate meeting {target.describe()} ({ns.num_prompts} requests per probe)")
-    print("")
-    print("| " + " | ".join(head) + " |")
-    print("|" + " --- |" * len(keys) + " ---: | ---: | ---: | ---: |")
-    for label, result in zip(labels, found, strict=True):
+    found, closing = run_searches(ns, _search_one, jobs, workers)
+    rows = []
+    for result in found:
         assert isinstance(result, RateSearch)
         best = next((p for p in result.probes if p.rate == result.best_rate), None)
-        cells = [str(label[k]) for k in keys]
         if best is None:
-            cells += ["none", "—", "—"]
+            cells = ["none", "—", "—"]
         else:
-            cells += [f"{best.rate:,.3g}", f"{best.ttft_ms:,.0f}", f"{best.tpot_ms:,.2f}"]
-        cells.append(str(len(result.probes)))
-        print("| " + " | ".join(cells) + " |")
-    print(f"\n{len(jobs)} searches, {_where(ns.ray, cluster_cpus, workers)}, {wall:.1f} s wall")
+            cells = [f"{best.rate:,.3g}", f"{best.ttft_ms:,.0f}", f"{best.tpot_ms:,.2f}"]
+        rows.append([*cells, str(len(result.probes))])
+    stat = target.statistic
+    title = f"largest request rate meeting {target.describe()} ({ns.num_prompts} requests per probe)"
+    print_search_table(
+        title, labels, ["max req/s", f"TTFT {stat} ms", f"TPOT {stat} ms", "probes"], rows, closing
+    )
     return 0

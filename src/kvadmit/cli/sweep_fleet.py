@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import time
 
 from kvadmit.errors import UsageError
 
@@ -23,11 +22,9 @@ def run_replica_search(
 ) -> int:
     from kvadmit.cli.fleet_flags import fleet_spec
     from kvadmit.cli.simulate import simulate_config
-    from kvadmit.cli.sweep import _point_namespace, _ray_errors, _where
+    from kvadmit.cli.sweep import _point_namespace, print_search_table, run_searches
     from kvadmit.fleet.replica_search import ReplicaSearch
     from kvadmit.sim.rate_search import Target
-    from kvadmit.sim.sweep import parallel_map
-    from kvadmit.sim.sweep_report import LABELS
 
     if ns.target_ttft_ms is None and ns.target_tpot_ms is None:
         raise UsageError("--search-min-replicas needs --target-ttft-ms and/or --target-tpot-ms")
@@ -41,42 +38,26 @@ def run_replica_search(
     if ns.max_replicas < 1:
         raise UsageError(f"--max-replicas must be ≥ 1, got {ns.max_replicas}")
     target = Target(ns.target_ttft_ms, ns.target_tpot_ms, ns.target_statistic)
-    jobs, labels = [], []
+    jobs: list[object] = []
+    labels = []
     for shown, values in combos:
         shown.pop("request_rate", None)
         point_ns = _point_namespace(ns, {**values, "replicas": 1})
         jobs.append((simulate_config(point_ns), fleet_spec(point_ns), target, ns.max_replicas))
         labels.append(shown)
-    cluster_cpus: list[int] = []
-    started = time.perf_counter()
-    with _ray_errors():
-        found = parallel_map(
-            _search_one, jobs, workers, ray_address=ns.ray, on_ray_connect=cluster_cpus.append
-        )
-    wall = time.perf_counter() - started
-    keys = list(labels[0]) if labels else []
-    stat = target.statistic
-    head = [
-        *(LABELS.get(k, k) for k in keys),
-        "fewest replicas",
-        f"TTFT {stat} ms",
-        f"TPOT {stat} ms",
-        "probes",
-    ]
-    print(f"fewest replicas meeting {target.describe()} at {rates[0]:g} req/s "
-          f"({ns.num_prompts} requests per probe)")  # fmt: skip
-    print("")
-    print("| " + " | ".join(head) + " |")
-    print("|" + " --- |" * len(keys) + " ---: | ---: | ---: | ---: |")
-    for label, result in zip(labels, found, strict=True):
+    found, closing = run_searches(ns, _search_one, jobs, workers)
+    rows = []
+    for result in found:
         assert isinstance(result, ReplicaSearch)
         best = next((p for p in result.probes if p.replicas == result.fewest), None)
-        cells = [str(label[k]) for k in keys]
         if best is None:
-            cells += [f"none ≤ {ns.max_replicas}", "—", "—"]
+            cells = [f"none ≤ {ns.max_replicas}", "—", "—"]
         else:
-            cells += [str(best.replicas), f"{best.ttft_ms:,.0f}", f"{best.tpot_ms:,.2f}"]
-        cells.append(" ".join(f"{p.replicas}{'✓' if p.meets else '✗'}" for p in result.probes))
-        print("| " + " | ".join(cells) + " |")
-    print(f"\n{len(jobs)} searches, {_where(ns.ray, cluster_cpus, workers)}, {wall:.1f} s wall")
+            cells = [str(best.replicas), f"{best.ttft_ms:,.0f}", f"{best.tpot_ms:,.2f}"]
+        rows.append([*cells, " ".join(f"{p.replicas}{'✓' if p.meets else '✗'}" for p in result.probes)])
+    stat = target.statistic
+    title = (f"fewest replicas meeting {target.describe()} at {rates[0]:g} req/s "
+             f"({ns.num_prompts} requests per probe)")  # fmt: skip
+    columns = ["fewest replicas", f"TTFT {stat} ms", f"TPOT {stat} ms", "probes"]
+    print_search_table(title, labels, columns, rows, closing)
     return 0
