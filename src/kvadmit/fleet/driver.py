@@ -20,7 +20,6 @@ sequence of passes, clock values and submissions is `simulate`'s own (its output
 
 from __future__ import annotations
 
-import gc
 import heapq
 import itertools
 import json
@@ -36,7 +35,7 @@ from kvadmit.fleet.replica import Replica
 from kvadmit.fleet.router import INF, FleetRouter, RouterSettings
 from kvadmit.observe.request_trace import simulated_line
 from kvadmit.scheduler.events import Event
-from kvadmit.sim.run import SimConfig, SimResult, SimulationStalled, WarmupFailed
+from kvadmit.sim.run import SimConfig, SimResult, SimulationStalled, WarmupFailed, gc_paused
 
 END, PERIODIC, SEND, STEP = 0, 1, 2, 3
 
@@ -73,14 +72,8 @@ def simulate_fleet(
     watch_steps: tuple[StepObserver, ...] = (),
     watch_events: tuple[Callable[[Event, float], None], ...] = (),
 ) -> FleetResult:
-    collecting = gc.isenabled()
-    gc.disable()  # as simulate(): no cycles worth collecting, and the collector's passes cost time
-    try:
-        fleet = _Fleet(cfg, spec, emit_log, step_trace, watch_steps, watch_events)
-        return fleet.run(request_trace)
-    finally:
-        if collecting:
-            gc.enable()
+    with gc_paused():  # as simulate()
+        return _Fleet(cfg, spec, emit_log, step_trace, watch_steps, watch_events).run(request_trace)
 
 
 def prompt_text(spec: SimRequest, chars: str) -> str:

@@ -7,7 +7,8 @@ import gc
 import itertools
 import json
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import IO
@@ -75,13 +76,19 @@ def simulate(
     watch_steps: tuple[StepObserver, ...] = (),
     watch_events: tuple[Callable[[Event, float], None], ...] = (),
 ) -> SimResult:
-    # The run makes millions of short-lived objects but (almost) no reference cycles: refcounting frees
-    # them, and the cyclic collector's passes over an ever larger heap only cost time. Pause it for the
-    # run; whatever cycles there are get collected when it is back on.
+    with gc_paused():
+        return _simulate(cfg, emit_log, request_trace, step_trace, watch_steps, watch_events)
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """A run makes millions of short-lived objects but (almost) no reference cycles: refcounting frees
+    them, and the cyclic collector's passes over an ever larger heap only cost time. Pause it for the
+    run; whatever cycles there are get collected when it is back on."""
     collecting = gc.isenabled()
     gc.disable()
     try:
-        return _simulate(cfg, emit_log, request_trace, step_trace, watch_steps, watch_events)
+        yield
     finally:
         if collecting:
             gc.enable()
