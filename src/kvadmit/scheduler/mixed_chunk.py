@@ -29,7 +29,7 @@ class MixedChunk:
     pool: TokenPool
     page_size: int
     mixed_chunk: bool
-    _finished_positions: list[int]
+    _drop_finished: Callable[[], bool]
     drop_finishing_in_flight: Callable[[], list[Req]]
     alloc_decode_slots: Callable[[], None]
     _new_running_batch: Callable[..., RunningBatch]
@@ -39,10 +39,7 @@ class MixedChunk:
         running = self.running
         if not running.reqs:
             return batch
-        # SGLang's filter_batch drops the requests that ended as well (batch_is_full stays as it is).
-        if self._finished_positions:
-            running.drop_at(sorted(set(self._finished_positions)))
-            self._finished_positions = []
+        self._drop_finished()  # SGLang's filter_batch drops them here too (batch_is_full stays as it is)
         if self.drop_finishing_in_flight():
             running.batch_is_full = False
         if not running.reqs or not check_decode_mem(running.reqs, self.cache, self.pool, self.page_size):

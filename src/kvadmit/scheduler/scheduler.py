@@ -175,8 +175,8 @@ class Scheduler(RequestIntake, DecodeMemory, StepResults, PriorityPreemption, Mi
         self._left_in_pass = []
         self._stash_chunked_req()
         self._merge_last_prefill()
-        if self.profile.filter_finished_every_pass:
-            self._drop_finished()
+        if self.profile.filter_finished_every_pass and self._drop_finished():
+            self.running.batch_is_full = False  # a batch that lost any is no longer full
         batch = self._get_new_prefill_batch()
         if batch is None and self.running.reqs:
             batch = self._update_running_batch()
@@ -188,13 +188,15 @@ class Scheduler(RequestIntake, DecodeMemory, StepResults, PriorityPreemption, Mi
         self.last_batch = batch
         return batch
 
-    def _drop_finished(self) -> None:
-        """Take the requests that ended out of the running batch (0.5.22: only before a decode step;
-        0.5.23: every pass); a batch that lost any is no longer full."""
-        if self._finished_positions:
-            self.running.drop_at(sorted(set(self._finished_positions)))
-            self._finished_positions = []
-            self.running.batch_is_full = False
+    def _drop_finished(self) -> bool:
+        """Take the requests that ended out of the running batch (SGLang's filter_batch: 0.5.22 before a
+        decode step or a mixed chunk, 0.5.23 every pass). Whether any left; the callers say what that
+        does to batch_is_full."""
+        if not self._finished_positions:
+            return False
+        self.running.drop_at(sorted(set(self._finished_positions)))
+        self._finished_positions = []
+        return True
 
     def _merge_last_prefill(self) -> None:
         last = self.last_batch
@@ -332,9 +334,7 @@ class Scheduler(RequestIntake, DecodeMemory, StepResults, PriorityPreemption, Mi
     def _update_running_batch(self) -> ScheduledBatch | None:
         running = self.running
         initial_bs = len(running.reqs)
-        if self._finished_positions:
-            running.drop_at(sorted(set(self._finished_positions)))
-            self._finished_positions = []
+        self._drop_finished()  # (batch_is_full follows from initial_bs below)
         finishing = self.drop_finishing_in_flight()
         if not running.reqs:
             running.batch_is_full = False
