@@ -36,7 +36,6 @@ StepObserver = Callable[[ScheduledBatch, StepResult, float], None]
 
 class Clock(Protocol):
     def now(self) -> float: ...
-    def advance(self, seconds: float) -> None: ...
     def wait_until(self, t: float) -> None: ...
 
 
@@ -60,13 +59,11 @@ class VirtualClock:
 
 
 class WallClock:
-    """Real time; a step's duration has already passed when it returns."""
+    """Real time. A real model's step has taken its time when it returns; a simulated one's result is
+    waited for until its predicted time after launch."""
 
     def now(self) -> float:
         return time.time()
-
-    def advance(self, seconds: float) -> None:
-        pass
 
     def wait_until(self, t: float) -> None:
         left = t - time.time()
