@@ -9,10 +9,8 @@ Usage (the project's venv, this worktree's src on PYTHONPATH):
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import sys
-import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -207,20 +205,7 @@ def run_scenario(sc: dict) -> dict:
 def main() -> None:
     if len(sys.argv) != 2:
         sys.exit(__doc__)
-    with open(sys.argv[1]) as f:
-        for line in f:
-            if not line.strip():
-                continue
-            sc = json.loads(line)
-            try:
-                out = run_scenario(sc)
-            except Exception as e:  # report, keep going
-                out = {
-                    "id": sc["id"],
-                    "error": f"{type(e).__name__}: {e}",
-                    "trace": traceback.format_exc()[-2000:],
-                }
-            print(json.dumps(out), flush=True)
+    record.run_each(sys.argv[1], run_scenario)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,10 @@ recorded (plain Python: imported by the SGLang side in its venv and by the kvadm
 
 from __future__ import annotations
 
+import json
 import re
+import traceback
+from collections.abc import Callable
 
 EOS_TOKEN = 2  # the stub model's EOS id (the model config's only EOS id)
 OTHER_TOKEN = 7  # every other output token
@@ -24,3 +27,22 @@ def normalise_log_line(line: str) -> str:
 
 def is_scheduling_line(line: str) -> bool:
     return line.startswith(("Prefill batch", "Decode batch", "KV cache pool is full", "retract_decode"))
+
+
+def run_each(path: str, run_scenario: Callable[[dict], dict]) -> None:
+    """Run every scenario of a JSON-lines file and print its record as a JSON line; a scenario that
+    raises is reported as an error with its traceback, and the rest still run."""
+    with open(path) as f:
+        for line in f:
+            if not line.strip():
+                continue
+            sc = json.loads(line)
+            try:
+                out = run_scenario(sc)
+            except Exception as e:  # report, keep going
+                out = {
+                    "id": sc["id"],
+                    "error": f"{type(e).__name__}: {e}",
+                    "trace": traceback.format_exc()[-2000:],
+                }
+            print(json.dumps(out), flush=True)

@@ -26,7 +26,6 @@ import logging
 import os
 import sys
 import time
-import traceback
 import types
 import warnings
 from array import array
@@ -646,20 +645,7 @@ def main():
         return
     if len(sys.argv) != 2:
         sys.exit(__doc__)
-    with open(sys.argv[1]) as f:
-        for line in f:
-            if not line.strip():
-                continue
-            sc = json.loads(line)
-            try:
-                out = run_scenario(sc)
-            except Exception as e:  # report, keep going
-                out = {
-                    "id": sc["id"],
-                    "error": f"{type(e).__name__}: {e}",
-                    "trace": traceback.format_exc()[-2000:],
-                }
-            print(json.dumps(out), flush=True)
+    record.run_each(sys.argv[1], run_scenario)
 
 
 if __name__ == "__main__":
