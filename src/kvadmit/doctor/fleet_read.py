@@ -181,8 +181,8 @@ def split_log(path: str) -> tuple[list[ReplicaStream], list[str]]:
         return [whole], notes
     if shared:
         n = len(shared) + shared_dropped
-        notes.append(f"{n:,} line{'s' if n > 1 else ''} without a DP tag {'were' if n > 1 else 'was'} read by "
-                     "every rank")  # fmt: skip
+        were = "lines without a DP tag were" if n > 1 else "line without a DP tag was"
+        notes.append(f"{n:,} {were} read by every rank")
     if shared_dropped:
         notes.append(f"{shared_dropped:,} of them came after the first {MAX_SHARED_LINES:,} and reached "
                      "only the ranks already seen")  # fmt: skip
