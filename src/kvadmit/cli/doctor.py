@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, NoReturn
 from kvadmit.errors import UsageError
 
 if TYPE_CHECKING:
+    from kvadmit.doctor.model import Diagnosis
     from kvadmit.doctor.whatif import Scenario
 
 
@@ -113,8 +114,22 @@ def run(ns: argparse.Namespace) -> int:
                 f.write(render_html(result, proof))
         except OSError as e:
             raise UsageError(f"cannot write {ns.html!r}: {e.strerror}") from None
+    _fleet_hint(result)
     print(render_json(result, proof) if ns.json else render_text(result, proof))
     return 0
+
+
+def _fleet_hint(result: Diagnosis) -> None:
+    """A log of several data-parallel ranks is diagnosed as one server; say how to read it per rank."""
+    ranks = result.server.get("ranks") or []
+    tags = {t for r in ranks for t in str(r).split() if t.startswith(("DP", "ATTN_DP"))}
+    dp = sorted(tags, key=lambda t: (len(t), t))  # DP2 before DP10
+    if len(dp) > 1 and result.inputs and result.inputs[0].kind == "log":
+        named = ", ".join(dp[:4]) + (", …" if len(dp) > 4 else "")
+        result.inputs[0].notes.append(
+            f"the log holds data-parallel ranks ({named}): kvadmit doctor --fleet LOG gives a verdict per "
+            "rank and for the fleet"
+        )
 
 
 def run_fleet(ns: argparse.Namespace, logs: list[str]) -> int:

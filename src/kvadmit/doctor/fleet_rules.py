@@ -104,6 +104,11 @@ def _calm_phrase(calm: list[ReplicaVerdict]) -> str:
     return f"{_names(calm)} {verb} no queue{usage}{extra}"
 
 
+def _each(requests: list[int]) -> str:
+    lo, hi = min(requests), max(requests)
+    return f"{lo:,} requests each" if lo == hi else f"{lo:,}–{hi:,} requests each"
+
+
 def _split_line(everyone: list[ReplicaVerdict]) -> str:
     parts = ", ".join(f"{r.name} {r.requests:,}" for r in everyone)
     return f"Requests admitted per replica: {parts}."
@@ -220,8 +225,8 @@ def fleet_finding(everyone: list[ReplicaVerdict]) -> Finding:
     if pressed:
         failing = [r for r in pressed if r.state == FAILING]
         title = (
-            f"Overloaded: every replica queues, retracts or fails ({min(requests):,}–{max(requests):,} "
-            "requests each): the fleet is short of capacity, not badly routed"
+            f"Overloaded: every replica queues, retracts or fails ({_each(requests)}): the fleet is short "
+            "of capacity, not badly routed"
         )
         lines = [_split_line(everyone)]
         if failing:
@@ -235,7 +240,7 @@ def fleet_finding(everyone: list[ReplicaVerdict]) -> Finding:
     if all(r.state == SILENT for r in everyone):
         return Finding(FLEET_OTHER, FLEET_OTHER, 0, "Not enough to judge: no replica printed a batch line",
                        [], [], [], numbers)  # fmt: skip
-    title = f"Healthy: no replica queues or retracts ({min(requests):,}–{max(requests):,} requests each)"
+    title = f"Healthy: no replica queues or retracts ({_each(requests)})"
     lines = [_split_line(everyone)]
     if min(requests) * MORE_FACTOR < max(requests) and max(requests) - min(requests) >= MORE_AT_LEAST:
         lines.append(
