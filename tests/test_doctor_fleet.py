@@ -86,9 +86,10 @@ def test_cache_aware_with_a_hot_prefix_overloads_one_replica_and_names_the_balan
     assert fleet["title"].startswith(
         "Imbalance: DP0 queues (peak queue 23) while DP1, DP2, DP3 have no queue"
     )  # type: ignore[index]
-    # the gap in requests held at once: 30 − 4 = 26, under 64; the advice halves it
+    # the gap in requests held at once: 30 − 4 = 26, under 64; the advice: a threshold under the 7 DP0
+    # held when its queue formed, so cache_aware balances before DP0 queues
     assert "a gap of 26, under the default --balance-abs-threshold of 64" in " ".join(fleet["explanation"])  # type: ignore[index]
-    assert any("--balance-abs-threshold 13 --balance-rel-threshold 1.2" in a for a in fleet["advice"])  # type: ignore[index]
+    assert any("--balance-abs-threshold 6 --balance-rel-threshold 1.2" in a for a in fleet["advice"])  # type: ignore[index]
 
 
 def test_the_same_fleet_as_one_log_per_replica_gives_the_same_verdicts(
@@ -246,3 +247,18 @@ def test_bad_fleet_input_is_one_line_and_exit_status_2(
         assert main(["doctor", *args]) == 2, args
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and message in err and "Traceback" not in err, (args, err)
+
+
+def test_following_the_advice_on_the_hot_prefix_fleet_removes_the_imbalance(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """With --balance-abs-threshold 6, cache_aware balances once DP0 holds 7 more than the least-loaded
+    replica (7 − 0 > 6, 7 > 0 × 1.2): DP0 gets fewer than the 30 and its queue is shorter than 23."""
+    log = simulate(capsys, hot_prefix_trace(tmp_path), tmp_path / "hot6.log", "--replicas", "4",
+                   "--router", "cache_aware", "--balance-abs-threshold", "6",
+                   "--balance-rel-threshold", "1.2")  # fmt: skip
+    report = doctor_json(capsys, "--fleet", str(log))
+    rows = rows_of(report)
+    assert report["verdict"] != "fleet-imbalance"
+    assert rows["DP0"]["requests"] < 30 and rows["DP0"]["peak_queue"] < 23  # type: ignore[operator]
+    assert sum(r["requests"] for r in rows.values()) == 40  # type: ignore[misc]

@@ -36,6 +36,7 @@ class ReplicaNumbers:
     peak_queue: tuple[int, Quote] | None = None
     peak_usage: tuple[float, Quote] | None = None
     peak_in_flight: tuple[int, Quote] | None = None  # running + queued: what the router counts in flight
+    held_at_first_queue: int | None = None  # requests running (or just admitted) when one first waited
     usage_bins: list[int] = field(default_factory=lambda: [0] * USAGE_BINS)
     throughput_sum: float = 0.0
     throughput_lines: int = 0
@@ -57,7 +58,10 @@ class ReplicaNumbers:
             self.usage_bins[min(USAGE_BINS - 1, max(0, round(s.usage * 100)))] += 1
         if s.running is not None and s.queued is not None:
             # a prefill line's #running-req does not yet count the batch it admits
-            held = s.running + s.queued + ((s.new_seq or 0) if s.kind == "prefill" else 0)
+            running = s.running + ((s.new_seq or 0) if s.kind == "prefill" else 0)
+            if s.queued > 0 and self.held_at_first_queue is None:
+                self.held_at_first_queue = running
+            held = running + s.queued
             if self.peak_in_flight is None or held > self.peak_in_flight[0]:
                 self.peak_in_flight = (held, q)
 

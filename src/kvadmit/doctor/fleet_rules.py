@@ -176,14 +176,21 @@ def _advice(cause: str, pressed: list[ReplicaVerdict], calm: list[ReplicaVerdict
     if cause in (IN_TURN, REQUEST_SIZES):
         return [load_aware, check]
     if cause == SHARED_PREFIX:
+        held = [r.numbers.held_at_first_queue for r in pressed if r.numbers.held_at_first_queue]
         gap = _in_flight(pressed) - _in_flight(calm)
+        abs_threshold = max(1, min(held) - 1) if held else max(1, gap // 2)
+        why = (
+            f"below the {min(held):,} requests {_names(pressed)} held when a queue first formed"
+            if held
+            else "below the gap seen here"
+        )
         return [
-            f"Lower --balance-abs-threshold below the gap seen here (e.g. {max(1, gap // 2):,}) and "
-            "--balance-rel-threshold toward 1 (e.g. 1.2), so cache_aware sends requests to the least-loaded "
-            "replica before a queue builds; the shared prefix is then cached on more than one replica.",
+            f"Lower --balance-abs-threshold {why} (e.g. {abs_threshold:,}) and --balance-rel-threshold "
+            "toward 1 (e.g. 1.2), so cache_aware sends requests to the least-loaded replica before a queue "
+            "builds; the shared prefix is then cached on more than one replica.",
             "Or --policy power_of_two, which ignores prefixes and balances on token load.",
             f"Check the thresholds first: kvadmit simulate --replicas {n} --router cache_aware "
-            f"--balance-abs-threshold {max(1, gap // 2):,} --balance-rel-threshold 1.2 (same flags).",
+            f"--balance-abs-threshold {abs_threshold:,} --balance-rel-threshold 1.2 (same flags).",
         ]
     return [
         "Under power_of_two, poll the loads more often: a smaller --worker-startup-check-interval "
