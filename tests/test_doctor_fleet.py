@@ -262,3 +262,44 @@ def test_following_the_advice_on_the_hot_prefix_fleet_removes_the_imbalance(
     assert report["verdict"] != "fleet-imbalance"
     assert rows["DP0"]["requests"] < 30 and rows["DP0"]["peak_queue"] < 23  # type: ignore[operator]
     assert sum(r["requests"] for r in rows.values()) == 40  # type: ignore[misc]
+
+
+def test_a_real_sglang_log_of_dp_ranks_is_read_per_rank(capsys: pytest.CaptureFixture[str]) -> None:
+    """tests/data/logs/20-…: one Decode line each from DP2–DP5 of a PD decode server (prefix
+    `2025-10-20 03:02:22 INFO 31223 [DP3 TP3 EP3 scheduler_metrics_mixin.py:222]`), 32 running, queues
+    1 / 0 / 2 / 1, token usage 0.22 / 0.21 / 0.22 / 0.22. No Prefill line: the split is not in the log."""
+    log = Path(__file__).parent / "data" / "logs" / "20-sglang-11854-h20-pd-decode-healthy.log"
+    report = doctor_json(capsys, "--fleet", str(log))
+    rows = rows_of(report)
+    assert list(rows) == ["DP2", "DP3", "DP4", "DP5"]
+    assert [rows[k]["peak_queue"] for k in rows] == [1, 0, 2, 1]
+    assert [rows[k]["usage_peak"] for k in rows] == [0.22, 0.21, 0.22, 0.22]
+    assert [rows[k]["requests"] for k in rows] == [None] * 4
+    assert {rows[k]["state"] for k in rows} == {"light"}
+    assert report["verdict"] == "fleet-healthy"
+    assert report["summary"] == (
+        "Healthy: no replica queues or retracts (requests admitted not shown: no Prefill lines)"
+    )
+
+
+def test_tensor_parallel_ranks_repeating_each_line_count_once_per_dp_rank(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """SGLang's `[… DP0 TP0]`, `[… DP0 TP1]`: every line of a DP rank printed by both of its TP ranks
+    reads as the line once."""
+    big = {"prompt_len": 1000, "max_new_tokens": 600, "output_len": 600, "ignore_eos": True}
+    log = simulate(capsys, alternating_trace(tmp_path, big), tmp_path / "alt.log", "--dp-size", "2")
+    tp = tmp_path / "tp.log"
+    out = []
+    for line in log.read_text(encoding="utf-8").splitlines():
+        for rank in ("TP0", "TP1"):
+            out.append(line.replace(" DP0]", f" DP0 {rank}]").replace(" DP1]", f" DP1 {rank}]"))
+    tp.write_text("\n".join(out) + "\n", encoding="utf-8")
+    plain, doubled = doctor_json(capsys, "--fleet", str(log)), doctor_json(capsys, "--fleet", str(tp))
+    keys = ("verdict", "state", "requests", "admissions", "peak_queue", "retractions", "usage_peak")
+    assert [{k: r[k] for k in keys} for r in doubled["replicas"]] == [  # type: ignore[union-attr]
+        {k: r[k] for k in keys}
+        for r in plain["replicas"]  # type: ignore[union-attr]
+    ]
+    assert [r["requests"] for r in doubled["replicas"]] == [10, 10]  # type: ignore[union-attr, index]
+    assert doubled["verdict"] == plain["verdict"] == "fleet-imbalance"

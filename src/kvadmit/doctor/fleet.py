@@ -51,6 +51,12 @@ class ReplicaVerdict:
         return max(0, self.numbers.admissions - self.retracted)
 
     @property
+    def requests_seen(self) -> bool:
+        """Whether the log shows its admissions: Prefill lines, or no batch line at all (nothing admitted);
+        a decode-only log (a PD decode worker, an excerpt) does not."""
+        return self.numbers.prefill_lines > 0 or self.numbers.batch_lines == 0
+
+    @property
     def prompt_per_request(self) -> float | None:
         n = self.numbers
         return (n.new_tokens + n.cached_tokens) / n.admissions if n.admissions else None
@@ -73,7 +79,7 @@ class ReplicaVerdict:
             "replica": self.name,
             "verdict": self.diagnosis.verdict,
             "state": self.state,
-            "requests": self.requests,
+            "requests": self.requests if self.requests_seen else None,
             "admissions": n.admissions,
             "peak_queue": n.peak_queue[0] if n.peak_queue else 0,
             "retractions": self.retractions,

@@ -33,6 +33,7 @@ class ReplicaNumbers:
     new_tokens: int = 0  # Σ #new-token
     cached_tokens: int = 0  # Σ #cached-token
     batch_lines: int = 0
+    prefill_lines: int = 0
     peak_queue: tuple[int, Quote] | None = None
     peak_usage: tuple[float, Quote] | None = None
     peak_in_flight: tuple[int, Quote] | None = None  # running + queued: what the router counts in flight
@@ -44,6 +45,7 @@ class ReplicaNumbers:
     def sample(self, s: Sample, q: Quote) -> None:
         self.batch_lines += 1
         if s.kind == "prefill":
+            self.prefill_lines += 1
             self.admissions += s.new_seq or 0
             self.new_tokens += s.new_token or 0
             self.cached_tokens += s.cached or 0

@@ -22,7 +22,7 @@ def table_row(r: ReplicaVerdict) -> list[str]:
     return [
         r.name,
         str(row["verdict"]),
-        f"{r.requests:,}",
+        f"{r.requests:,}" if r.requests_seen else "-",
         f"{row['peak_queue']:,}",
         f"{r.retractions:,}" + (f" ({r.retracted:,} req)" if r.retracted else ""),
         _cell(row["usage_peak"], ".2f"),
@@ -33,9 +33,9 @@ def table_row(r: ReplicaVerdict) -> list[str]:
 
 
 def replica_table(d: FleetDiagnosis) -> list[str]:
-    """requests: prefill admissions less re-admissions after retraction; usage p50: the median of the batch
-    lines' token usage; gen tok/s: the mean of the decode lines' gen throughput; cached: the share of the
-    prefilled prompt tokens the prefix cache supplied."""
+    """requests: prefill admissions less re-admissions after retraction ("-": no Prefill lines); usage
+    p50: the median of the batch lines' token usage; gen tok/s: the mean of the Decode lines' gen
+    throughput; cached: the share of the prefilled prompt tokens the prefix cache supplied."""
     rows = [list(TABLE_HEAD)] + [table_row(r) for r in d.replicas]
     widths = [max(len(row[i]) for row in rows) for i in range(len(TABLE_HEAD))]
     out = []

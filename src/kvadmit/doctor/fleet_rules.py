@@ -34,6 +34,7 @@ IN_TURN = "in-turn"
 SHARED_PREFIX = "shared-prefix"
 UNEVEN_DRAWS = "uneven-draws"
 REQUEST_SIZES = "request-sizes"
+SPLIT_UNSEEN = "split-unseen"  # no Prefill lines: how requests were split is not in the logs
 
 MORE_FACTOR = 1.25  # the pressed replicas' mean requests over the calm ones' …
 MORE_AT_LEAST = 2  # … and at least this many requests more
@@ -46,6 +47,7 @@ CAUSE_TITLE = {
     SHARED_PREFIX: "cache_aware keeps a shared prefix on one replica",
     UNEVEN_DRAWS: "the router's choices were uneven (random, or power_of_two on stale loads)",
     REQUEST_SIZES: "the pressed replicas' requests are bigger",
+    SPLIT_UNSEEN: "how the router split the requests is not in these logs",
 }
 
 
@@ -76,6 +78,8 @@ def _in_flight(rs: list[ReplicaVerdict]) -> int:
 def cause_of(
     pressed: list[ReplicaVerdict], calm: list[ReplicaVerdict], everyone: list[ReplicaVerdict]
 ) -> str:
+    if not all(r.requests_seen for r in everyone):
+        return SPLIT_UNSEEN
     requests = [r.requests for r in everyone]
     if max(requests) - min(requests) <= 1:
         return IN_TURN
@@ -104,14 +108,20 @@ def _calm_phrase(calm: list[ReplicaVerdict]) -> str:
     return f"{_names(calm)} {verb} no queue{usage}{extra}"
 
 
-def _each(requests: list[int]) -> str:
+def _each(everyone: list[ReplicaVerdict]) -> str:
+    if not all(r.requests_seen for r in everyone):
+        return "requests admitted not shown: no Prefill lines"
+    requests = [r.requests for r in everyone]
     lo, hi = min(requests), max(requests)
     return f"{lo:,} requests each" if lo == hi else f"{lo:,}–{hi:,} requests each"
 
 
 def _split_line(everyone: list[ReplicaVerdict]) -> str:
-    parts = ", ".join(f"{r.name} {r.requests:,}" for r in everyone)
-    return f"Requests admitted per replica: {parts}."
+    parts = ", ".join(f"{r.name} {r.requests:,}" if r.requests_seen else f"{r.name} -" for r in everyone)
+    unseen = (
+        "" if all(r.requests_seen for r in everyone) else " (-: no Prefill lines, e.g. a PD decode worker)"
+    )
+    return f"Requests admitted per replica: {parts}{unseen}."
 
 
 def _cause_lines(cause: str, pressed: list[ReplicaVerdict], calm: list[ReplicaVerdict], n: int) -> list[str]:
@@ -151,6 +161,12 @@ def _cause_lines(cause: str, pressed: list[ReplicaVerdict], calm: list[ReplicaVe
             f"Here the busiest replica held at most {hi:,} requests (running + queued) and the others at "
             f"most {lo:,}: a gap of {gap:,}, {where}.",
         ]
+    if cause == SPLIT_UNSEEN:
+        return [
+            "Without Prefill lines the logs do not show how many requests each replica admitted, so the "
+            "router's part cannot be read from them; compare the router's own per-worker counts (smg and "
+            "sglang-router export them on --prometheus-port)."
+        ]
     if cause == UNEVEN_DRAWS:
         return [
             f"{_names(pressed)} got {p_mean:,.1f} requests each against {c_mean:,.1f} on the others, "
@@ -173,7 +189,7 @@ def _advice(cause: str, pressed: list[ReplicaVerdict], calm: list[ReplicaVerdict
         "shared); under SGLang's --dp-size, --load-balance-method total_tokens balances the ranks on tokens."
     )
     check = f"Try it on this workload first: kvadmit simulate --replicas {n} --router POLICY (same flags)."
-    if cause in (IN_TURN, REQUEST_SIZES):
+    if cause in (IN_TURN, REQUEST_SIZES, SPLIT_UNSEEN):
         return [load_aware, check]
     if cause == SHARED_PREFIX:
         held = [r.numbers.held_at_first_queue for r in pressed if r.numbers.held_at_first_queue]
@@ -219,7 +235,7 @@ def fleet_finding(everyone: list[ReplicaVerdict]) -> Finding:
         "replicas": n,
         "pressed": [r.name for r in pressed],
         "calm": [r.name for r in calm],
-        "requests": {r.name: r.requests for r in everyone},
+        "requests": {r.name: r.requests if r.requests_seen else None for r in everyone},
     }
     if pressed and calm:
         cause = cause_of(pressed, calm, everyone)
@@ -232,7 +248,7 @@ def fleet_finding(everyone: list[ReplicaVerdict]) -> Finding:
     if pressed:
         failing = [r for r in pressed if r.state == FAILING]
         title = (
-            f"Overloaded: every replica queues, retracts or fails ({_each(requests)}): the fleet is short "
+            f"Overloaded: every replica queues, retracts or fails ({_each(everyone)}): the fleet is short "
             "of capacity, not badly routed"
         )
         lines = [_split_line(everyone)]
@@ -247,9 +263,10 @@ def fleet_finding(everyone: list[ReplicaVerdict]) -> Finding:
     if all(r.state == SILENT for r in everyone):
         return Finding(FLEET_OTHER, FLEET_OTHER, 0, "Not enough to judge: no replica printed a batch line",
                        [], [], [], numbers)  # fmt: skip
-    title = f"Healthy: no replica queues or retracts ({_each(requests)})"
+    title = f"Healthy: no replica queues or retracts ({_each(everyone)})"
     lines = [_split_line(everyone)]
-    if min(requests) * MORE_FACTOR < max(requests) and max(requests) - min(requests) >= MORE_AT_LEAST:
+    uneven = min(requests) * MORE_FACTOR < max(requests) and max(requests) - min(requests) >= MORE_AT_LEAST
+    if uneven and all(r.requests_seen for r in everyone):
         lines.append(
             "The split is uneven: harmless at this load, but the busiest replica will queue first as the "
             "load grows."
