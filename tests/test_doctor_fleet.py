@@ -303,3 +303,23 @@ def test_tensor_parallel_ranks_repeating_each_line_count_once_per_dp_rank(
     ]
     assert [r["requests"] for r in doubled["replicas"]] == [10, 10]  # type: ignore[union-attr, index]
     assert doubled["verdict"] == plain["verdict"] == "fleet-imbalance"
+
+
+def test_html_for_a_fleet_has_the_fleet_verdict_the_table_and_each_replicas_charts(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    big = {"prompt_len": 1000, "max_new_tokens": 600, "output_len": 600, "ignore_eos": True}
+    log = simulate(capsys, alternating_trace(tmp_path, big), tmp_path / "alt.log", "--replicas", "2",
+                   "--router", "round_robin")  # fmt: skip
+    page = tmp_path / "fleet.html"
+    assert main(["doctor", "--fleet", str(log), "--html", str(page)]) == 0
+    text = capsys.readouterr().out
+    html = page.read_text(encoding="utf-8")
+    assert text.startswith("Fleet verdict: fleet-imbalance")
+    assert "<b>Fleet verdict: fleet-imbalance</b>" in html
+    assert "<tr><td>DP0</td><td>healthy-queue</td><td>10</td><td>7</td>" in html  # requests, peak queue
+    assert "<tr><td>DP1</td><td>healthy-queue</td><td>10</td><td>0</td>" in html
+    assert html.count("<h2>DP") == 2 and html.count("<svg") == 6  # three panels per replica
+    assert "<script" not in html
+    assert main(["doctor", "--fleet", str(log), "--html", str(tmp_path / "no" / "such" / "dir.html")]) == 2
+    assert "cannot write" in capsys.readouterr().err

@@ -140,14 +140,22 @@ def run_fleet(ns: argparse.Namespace, logs: list[str]) -> int:
 
     if not logs:
         raise UsageError("--fleet needs a log of several data-parallel ranks, or give one log per replica")
-    given = [f for f, on in (("--metrics", ns.metrics), ("--watch", ns.watch), ("--what-if", ns.what_if),
-                             ("--html", ns.html)) if on]  # fmt: skip
+    given = [f for f, on in (("--metrics", ns.metrics), ("--watch", ns.watch), ("--what-if", ns.what_if))
+             if on]  # fmt: skip
     if given:
-        raise UsageError(f"{given[0]} reads one server; a fleet's logs take --json (and --no-what-if)")
+        raise UsageError(f"{given[0]} reads one server; a fleet's logs take --json and --html")
     try:
         result = diagnose_fleet(logs)
     except DoctorInputError as e:
         raise UsageError(str(e)) from None
+    if ns.html:
+        from kvadmit.doctor.fleet_html import render_fleet_html
+
+        try:
+            with open(ns.html, "w", encoding="utf-8") as f:
+                f.write(render_fleet_html(result))
+        except OSError as e:
+            raise UsageError(f"cannot write {ns.html!r}: {e.strerror}") from None
     print(render_fleet_json(result) if ns.json else render_fleet_text(result))
     return 0
 
