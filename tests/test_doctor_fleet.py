@@ -323,3 +323,22 @@ def test_html_for_a_fleet_has_the_fleet_verdict_the_table_and_each_replicas_char
     assert "<script" not in html
     assert main(["doctor", "--fleet", str(log), "--html", str(tmp_path / "no" / "such" / "dir.html")]) == 2
     assert "cannot write" in capsys.readouterr().err
+
+
+def test_the_dp_controllers_setting_is_named_when_the_server_args_line_shows_it(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    big = {"prompt_len": 1000, "max_new_tokens": 600, "output_len": 600, "ignore_eos": True}
+    log = simulate(capsys, alternating_trace(tmp_path, big), tmp_path / "dp.log", "--dp-size", "2")
+    args = ("[2026-01-01 00:00:00] server_args=ServerArgs(model_path='m', tp_size=1, dp_size=2, "
+            "load_balance_method='round_robin', max_total_tokens=6000)")  # fmt: skip
+    shown = tmp_path / "shown.log"
+    shown.write_text(args + "\n" + log.read_text(encoding="utf-8"), encoding="utf-8")
+    report = doctor_json(capsys, "--fleet", str(shown))
+    assert report["fleet"]["numbers"]["cause"] == "in-turn"  # type: ignore[index]
+    assert (
+        "Its server_args line shows this server's setting: --dp-size 2, --load-balance-method round_robin."
+        in report["fleet"]["explanation"]  # type: ignore[index]
+    )
+    plain = doctor_json(capsys, "--fleet", str(log))
+    assert not any("server_args" in line for line in plain["fleet"]["explanation"])  # type: ignore[index]

@@ -3,7 +3,7 @@ the per-replica table, and the fleet's verdict (fleet_rules.py)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from kvadmit.doctor import findings as rules
@@ -44,6 +44,7 @@ class ReplicaVerdict:
     retracted: int  # requests retracted
     state: str
     first_retraction: Quote | None = None
+    dp_args: dict[str, str] = field(default_factory=dict)  # dp_size, load_balance_method (server_args)
 
     @property
     def requests(self) -> int:
@@ -155,7 +156,9 @@ def diagnose_fleet(paths: list[str]) -> FleetDiagnosis:
         state = state_of(d, stream.collector.numbers, events)
         first = c.retract.first or (c.vllm.first[2] if c.vllm.first else None)
         replicas.append(
-            ReplicaVerdict(stream.name, d, stream.collector.numbers, events, retracted, state, first)
+            ReplicaVerdict(
+                stream.name, d, stream.collector.numbers, events, retracted, state, first, stream.dp_args
+            )
         )
         inputs.append(summary)
     return FleetDiagnosis(fleet_finding(replicas), replicas, inputs)

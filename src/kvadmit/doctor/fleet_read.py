@@ -11,6 +11,7 @@ alone. The collector also keeps the per-replica numbers of the fleet table (`Rep
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from kvadmit.doctor.collect import Collected, Collector
@@ -23,6 +24,8 @@ from kvadmit.observe.logread import RANK_TAG, TIMESTAMP
 MAX_SHARED_LINES = 10_000  # whole-server lines kept to hand to ranks that first appear later
 MAX_REPLICAS = 256
 USAGE_BINS = 101  # token usage in hundredths
+# What a `server_args=ServerArgs(...)` start-up line says of the DP controller (SGLang prints it once).
+_DP_ARGS = re.compile(r"\b(dp_size|load_balance_method)=('?)([\w.-]+)\2")
 
 
 @dataclass
@@ -104,6 +107,7 @@ class ReplicaStream:
         self.parser = LineParser()
         self.collector = ReplicaCollector()
         self.last_line = 0
+        self.dp_args: dict[str, str] = {}  # dp_size, load_balance_method from a server_args line
 
     def feed(self, lineno: int, text: str) -> None:
         self.last_line = lineno
@@ -111,6 +115,8 @@ class ReplicaStream:
         if batch is not None:
             self.collector.add_batch(lineno, text, *batch)
             return
+        if "server_args=" in text:
+            self.dp_args.update((m.group(1), m.group(3)) for m in _DP_ARGS.finditer(text))
         rec = self.parser.parse(text)
         if rec is None:
             self.collector.add_unknown(lineno, text)

@@ -133,13 +133,20 @@ def _cause_lines(cause: str, pressed: list[ReplicaVerdict], calm: list[ReplicaVe
         "does not show output lengths)."
     )
     if cause == IN_TURN:
-        return [
+        lines = [
             "The requests were split in turn (counts at most one apart), as sglang-router's --policy "
             "round_robin deals them, and SGLang's own --dp-size controller with --load-balance-method "
             "round_robin (or auto, without PD disaggregation): every replica gets the same number whatever "
             "each request costs.",
             sizes,
         ]
+        method = _dp_setting(pressed + calm, "load_balance_method")
+        if method is not None:
+            size = _dp_setting(pressed + calm, "dp_size")
+            dp = f"--dp-size {size}, " if size else ""
+            shown = f"Its server_args line shows this server's setting: {dp}--load-balance-method {method}."
+            lines.insert(1, shown)
+        return lines
     if cause == SHARED_PREFIX:
         hi, lo = _in_flight(pressed), _in_flight(calm)
         gap = hi - lo
@@ -180,6 +187,12 @@ def _cause_lines(cause: str, pressed: list[ReplicaVerdict], calm: list[ReplicaVe
         f"{_names(pressed)} got no more requests than the others ({p_mean:,.1f} each against {c_mean:,.1f}).",
         sizes,
     ]
+
+
+def _dp_setting(rs: list[ReplicaVerdict], name: str) -> str | None:
+    """A DP controller setting the replicas' server_args lines agree on (None if none shows it)."""
+    values = {r.dp_args[name] for r in rs if name in r.dp_args}
+    return values.pop() if len(values) == 1 else None
 
 
 def _advice(cause: str, pressed: list[ReplicaVerdict], calm: list[ReplicaVerdict], n: int) -> list[str]:
