@@ -230,6 +230,14 @@ def _advice(cause: str, pressed: list[ReplicaVerdict], calm: list[ReplicaVerdict
     ]
 
 
+def _uneven(everyone: list[ReplicaVerdict]) -> bool:
+    """The busiest replica admitted over 1.25× the least busy and at least 2 requests more."""
+    if not all(r.requests_seen for r in everyone):
+        return False
+    lo, hi = min(r.requests for r in everyone), max(r.requests for r in everyone)
+    return hi > MORE_FACTOR * lo and hi - lo >= MORE_AT_LEAST
+
+
 def _evidence(pressed: list[ReplicaVerdict], calm: list[ReplicaVerdict]) -> list[Quote]:
     quotes: list[Quote | None] = []
     for r in pressed:
@@ -243,7 +251,6 @@ def fleet_finding(everyone: list[ReplicaVerdict]) -> Finding:
     pressed = [r for r in everyone if r.state in PRESSED]
     calm = [r for r in everyone if r.state not in PRESSED]
     n = len(everyone)
-    requests = [r.requests for r in everyone]
     numbers: dict[str, object] = {
         "replicas": n,
         "pressed": [r.name for r in pressed],
@@ -265,6 +272,8 @@ def fleet_finding(everyone: list[ReplicaVerdict]) -> Finding:
             "of capacity, not badly routed"
         )
         lines = [_split_line(everyone)]
+        if _uneven(everyone):
+            lines.append("The split is uneven: the busiest replicas queue longest; see the table.")
         if failing:
             lines.append(f"{_names(failing)} failed: see {'its' if len(failing) == 1 else 'their'} verdict.")
         advice = [
@@ -278,8 +287,7 @@ def fleet_finding(everyone: list[ReplicaVerdict]) -> Finding:
                        [], [], [], numbers)  # fmt: skip
     title = f"Healthy: no replica queues or retracts ({_each(everyone)})"
     lines = [_split_line(everyone)]
-    uneven = min(requests) * MORE_FACTOR < max(requests) and max(requests) - min(requests) >= MORE_AT_LEAST
-    if uneven and all(r.requests_seen for r in everyone):
+    if _uneven(everyone):
         lines.append(
             "The split is uneven: harmless at this load, but the busiest replica will queue first as the "
             "load grows."
