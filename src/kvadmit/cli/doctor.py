@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, NoReturn
 from kvadmit.errors import UsageError
 
 if TYPE_CHECKING:
+    from kvadmit.doctor.model import Diagnosis
     from kvadmit.doctor.whatif import Scenario
 
 
@@ -22,7 +23,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         "quoted lines that show it and what to do.",
     )
     p.add_argument(
-        "log", nargs="?", help="the server log (plain, .gz, .bz2 or .xz; '-' reads standard input)"
+        "log",
+        nargs="*",
+        help="the server log (plain, .gz, .bz2 or .xz; '-' reads standard input); several logs, one per "
+        "replica, give a verdict per replica and for the fleet",
+    )
+    p.add_argument(
+        "--fleet",
+        action="store_true",
+        help="read one log of several data-parallel ranks (DP0, DP1, … tags) as a fleet: a verdict per "
+        "rank and for the fleet",
     )
     p.add_argument(
         "--metrics",
@@ -65,6 +75,10 @@ def run(ns: argparse.Namespace) -> int:
     from kvadmit.doctor.report import render_json, render_text
     from kvadmit.doctor.source import DoctorInputError
 
+    logs: list[str] = ns.log
+    if len(logs) > 1 or ns.fleet:
+        return run_fleet(ns, logs)
+    ns.log = logs[0] if logs else None
     if ns.log is None and not ns.metrics and not ns.watch:
         raise UsageError("give a log file, --metrics FILE or --watch URL --for SECONDS")
     if ns.watch and ns.for_s is None:
@@ -100,7 +114,49 @@ def run(ns: argparse.Namespace) -> int:
                 f.write(render_html(result, proof))
         except OSError as e:
             raise UsageError(f"cannot write {ns.html!r}: {e.strerror}") from None
+    _fleet_hint(result)
     print(render_json(result, proof) if ns.json else render_text(result, proof))
+    return 0
+
+
+def _fleet_hint(result: Diagnosis) -> None:
+    """A log of several data-parallel ranks is diagnosed as one server; say how to read it per rank."""
+    ranks = result.server.get("ranks") or []
+    tags = {t for r in ranks for t in str(r).split() if t.startswith(("DP", "ATTN_DP"))}
+    dp = sorted(tags, key=lambda t: (len(t), t))  # DP2 before DP10
+    if len(dp) > 1 and result.inputs and result.inputs[0].kind == "log":
+        named = ", ".join(dp[:4]) + (", …" if len(dp) > 4 else "")
+        result.inputs[0].notes.append(
+            f"the log holds data-parallel ranks ({named}): kvadmit doctor --fleet LOG gives a verdict per "
+            "rank and for the fleet"
+        )
+
+
+def run_fleet(ns: argparse.Namespace, logs: list[str]) -> int:
+    """Several logs (one per replica) or one log of DP ranks: a verdict per replica and for the fleet."""
+    from kvadmit.doctor.fleet import diagnose_fleet
+    from kvadmit.doctor.fleet_report import render_fleet_json, render_fleet_text
+    from kvadmit.doctor.source import DoctorInputError
+
+    if not logs:
+        raise UsageError("--fleet needs a log of several data-parallel ranks, or give one log per replica")
+    given = [f for f, on in (("--metrics", ns.metrics), ("--watch", ns.watch), ("--what-if", ns.what_if))
+             if on]  # fmt: skip
+    if given:
+        raise UsageError(f"{given[0]} reads one server; a fleet's logs take --json and --html")
+    try:
+        result = diagnose_fleet(logs)
+    except DoctorInputError as e:
+        raise UsageError(str(e)) from None
+    if ns.html:
+        from kvadmit.doctor.fleet_html import render_fleet_html
+
+        try:
+            with open(ns.html, "w", encoding="utf-8") as f:
+                f.write(render_fleet_html(result))
+        except OSError as e:
+            raise UsageError(f"cannot write {ns.html!r}: {e.strerror}") from None
+    print(render_fleet_json(result) if ns.json else render_fleet_text(result))
     return 0
 
 
