@@ -88,6 +88,21 @@ QUOTED = {
     "44-openclaw-rl-44-ray-prefixed-decode.log": ["(SGLangEngine pid=41820)", "#running-req: 6"],
     "45-sglang-1270-v02-time-only-decode.log": ["[04:40:55 TP0]", "token usage: 0.00"],
     "46-sglang-25960-npu-terminal-cut-columns.log": ["#queue-req: 81", "#queue-req: 82"],
+    # 47–53: a second batch, labelled before the doctor with the fixes for 31–46 ran on it.
+    "47-sglang-6081-dp-attention-mtp-accept-len.log": ["DP0 TP0", "token usage: 0.13", "#queue-req: 0"],
+    "48-sglang-17392-pd-decode-dp-ranks-transfer-req.log": ["#transfer-req: 0", "token usage: 0.01"],
+    "49-sglang-13023-decode-drain-cuda-graph-flip.log": ["#running-req: 46", "token usage: 0.19"],
+    "50-llama-benchy-15-slow-prefill-swa-no-queue.log": ["#new-token: 2048", "#queue-req: 0"],
+    "51-sglang-22331-hisparse-flat-token-count.log": ["#token: 20800", "token usage: 0.29"],
+    "52-sglang-23177-glm-queue-at-max-prefill-budget.log": [
+        "#new-seq: 6, #new-token: 15360",
+        "#queue-req: 238",
+    ],
+    "53-sglang-2255-v04-chunk-budget-queue-growing.log": [
+        "#queue-req: 30",
+        "#queue-req: 155",
+        "#new-token: 2048",
+    ],
 }
 
 

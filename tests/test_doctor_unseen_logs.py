@@ -90,6 +90,21 @@ def test_42_a_burst_at_the_chunk_budget_drains_the_queue() -> None:
     assert (n["usage_first"], n["usage_last"]) == (0.0, 0.24)
 
 
+def test_52_whole_prompts_up_to_the_default_prefill_budget_are_prefill_bound_not_an_idle_pool() -> None:
+    d = run("52")
+    n = d.lead.numbers
+    # 6 prompts of 15360 / 6 = 2,560: a seventh would make 17,920, at least the default 16,384 budget.
+    assert d.lead.kind == "prefill-bound-burst" and n["budget"] == 16384
+    assert n["prefills_waiting"] == 2 == n["prefills_at_budget"]
+    assert (n["queue_first"], n["queue_last"], n["usage_first"], n["usage_last"]) == (238, 238, 0.01, 0.01)
+    assert not any(f.verdict == "idle-pool-with-queue" for f in d.findings)
+
+
+def test_53_chunk_budget_passes_while_arrivals_outrun_them() -> None:
+    n = run("53").lead.numbers
+    assert (n["budget"], n["prefills_at_budget"], n["queue_first"], n["queue_last"]) == (2048, 7, 30, 155)
+
+
 def test_44_a_ray_actor_prefix_is_read_through() -> None:
     d = run("44")
     assert d.inputs[0].recognised == 7 and d.inputs[0].unknown == 0
@@ -183,9 +198,9 @@ def test_a_fall_that_stays_with_as_many_running_is_a_collapse(tmp_path: Path) ->
     assert d.lead.numbers["per_request_after"] == pytest.approx(10.0)
 
 
-def _prefill(sec: int, new_token: int, usage: float, running: int, queued: int) -> str:
+def _prefill(sec: int, new_token: int, usage: float, running: int, queued: int, new_seq: int = 4) -> str:
     return (
-        f"[2026-01-01 10:00:{sec:02d}] Prefill batch, #new-seq: 4, #new-token: {new_token}, "
+        f"[2026-01-01 10:00:{sec:02d}] Prefill batch, #new-seq: {new_seq}, #new-token: {new_token}, "
         f"#cached-token: 0, token usage: {usage:.2f}, #running-req: {running}, #queue-req: {queued}"
     )
 
@@ -221,3 +236,21 @@ def test_steady_large_prefills_that_drain_the_queue_are_a_burst(tmp_path: Path) 
     assert d.lead.kind == "prefill-bound-burst"
     # 30000, 30100, 30000, 30100, 30000: the median is 30,000 and all five are within 5% of it.
     assert d.lead.numbers["budget"] == 30000 and d.lead.numbers["prefills_at_budget"] == 5
+
+
+def test_whole_prompt_passes_well_under_the_prefill_budget_are_not_at_it(tmp_path: Path) -> None:
+    # 6 prompts of 1,500 = 9,000: a seventh (10,500) fits the default 16,384, so the pass was not full.
+    lines = [_prefill(i, 9000, 0.10, 10 + 6 * i, 200, new_seq=6) for i in range(2)]
+    d = run_lines(tmp_path, lines)
+    assert not any(f.kind == "prefill-bound-burst" for f in d.findings)
+
+
+def test_two_full_passes_with_a_decode_between_are_not_enough(tmp_path: Path) -> None:
+    # Two passes at the budget, but a decode line ran while requests waited: the three-pass rule applies.
+    lines = [
+        _prefill(0, 15360, 0.10, 10, 200),
+        _decode(1, 16, 0.10, 500, 200),
+        _prefill(2, 15360, 0.10, 16, 200),
+    ]
+    d = run_lines(tmp_path, lines)
+    assert not any(f.kind == "prefill-bound-burst" for f in d.findings)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from kvadmit.doctor import advice
 from kvadmit.doctor.collect import Collected
+from kvadmit.doctor.lasted import LastedTracker
 from kvadmit.doctor.model import (
     HEALTHY_QUEUE,
     OCCASIONAL,
@@ -90,6 +91,19 @@ def _budgets(c: Collected) -> list[tuple[int, str]]:
     return found
 
 
+def _at_budget(lt: LastedTracker, budget: int, kind: str) -> tuple[int, Quote] | None:
+    """(passes, a quoted one) of the waiting prefills at `budget`: exactly it for a chunk budget; for
+    --max-prefill-tokens, which admits whole prompts, also a pass that one more prompt of the pass's mean
+    size would not fit (SGLang refuses the next prompt when it is at least what is left, §6)."""
+    exact = lt.new_tokens.get(budget)
+    count, quote = exact if exact is not None else (0, None)
+    if kind == "prefill":
+        for (tokens, seqs), (k, q) in lt.pass_shapes.items():
+            if tokens != budget and tokens < budget <= tokens + tokens / seqs:
+                count, quote = count + k, quote or q
+    return (count, quote) if quote is not None else None
+
+
 def _steady_size(c: Collected) -> tuple[int, int, str, Quote] | None:
     """(batches, median size, "steady", a quoted one) when at least BURST_AT_BUDGET of the prefills that
     ran while requests waited took within STEADY_SPREAD of the same number of new tokens, larger than any
@@ -127,23 +141,25 @@ def _size_words(kind: str, budget: int) -> tuple[str, str]:
             f"within 5% of {budget:,} new tokens, more than any default budget allows (a "
             "--max-prefill-tokens or --chunked-prefill-size set to about that, not printed in this log)",
         )
-    what, flag = (
-        ("chunk", "--chunked-prefill-size") if kind == "chunk" else ("prefill", "--max-prefill-tokens")
+    if kind == "chunk":
+        return f"the {budget:,}-token chunk budget", f"exactly {budget:,} new tokens (--chunked-prefill-size)"
+    return (
+        f"the {budget:,}-token prefill budget",
+        f"{budget:,} new tokens or as close to it as whole prompts allow (--max-prefill-tokens)",
     )
-    return f"the {budget:,}-token {what} budget", f"exactly {budget:,} new tokens ({flag})"
 
 
 def prefill_bound_burst(c: Collected) -> Finding | None:
     lt = c.lasted
     first, last = lt.first_wait, lt.last_wait
-    if lt.waiting_prefills < 3 or first is None or last is None or lt.waiting_prefills * 2 < lt.waiting_lines:
+    if lt.waiting_prefills < 2 or first is None or last is None or lt.waiting_prefills * 2 < lt.waiting_lines:
         return None
     best: tuple[int, int, str, Quote] | None = None  # (batches at it, budget, kind, a quoted one)
     for value, kind in _budgets(c):
-        at = lt.new_tokens.get(value)
+        at = _at_budget(lt, value, kind)
         if at is not None and (best is None or at[0] > best[0]):
             best = (at[0], value, kind, at[1])
-    if best is None or best[0] < 3 or best[0] < BURST_AT_BUDGET * lt.waiting_prefills:
+    if best is None or best[0] < 2 or best[0] < BURST_AT_BUDGET * lt.waiting_prefills:
         best = _steady_size(c)
         if best is None:
             return None
@@ -151,18 +167,26 @@ def prefill_bound_burst(c: Collected) -> Finding | None:
     t0, q0, u0, first_q = first
     t1, q1, u1, last_q = last
     # Nothing but prefill passes at the full budget while requests waited: prefill compute is the bound
-    # even when the queue did not shrink in the excerpt (one long prompt in chunks, arrivals keeping up).
+    # even when the queue did not shrink and the pool did not fill in the excerpt (one long prompt in
+    # chunks, arrivals keeping pace, requests that finish as soon as they are prefilled). Two such passes
+    # are enough then; otherwise three, with the queue falling and usage rising.
     only_full_passes = kind != "steady" and at == lt.waiting_prefills == lt.waiting_lines
-    if (q1 >= q0 and not only_full_passes) or u0 is None or u1 is None or u1 <= u0:
+    if u0 is None or u1 is None or (not only_full_passes and (at < 3 or q1 >= q0 or u1 <= u0)):
         return None
     every = "every prefill" if at == lt.waiting_prefills else f"{at:,} of {lt.waiting_prefills:,} prefills"
     took = f" in {seconds(t1 - t0)}" if t0 is not None and t1 is not None and t1 > t0 else ""
     size, taking = _size_words(kind, budget)
+    rising = u1 > u0
     title = (
         f"Healthy queue: a prefill-bound burst, {every} at {size}, queue {q0:,} → {q1:,}{took}, usage "
-        f"rising {u0:.2f} → {u1:.2f}"
+        f"{'rising ' if rising else ''}{u0:.2f} → {u1:.2f}"
     )
     queue = f"fell {q0:,} → {q1:,}" if q1 < q0 else f"went {q0:,} → {q1:,}"
+    pool = (
+        f"token usage rose {u0:.2f} → {u1:.2f}: the pool is still filling"
+        if rising
+        else f"token usage stayed at {u1:.2f}: requests leave about as fast as they are prefilled"
+    )
     lines = [
         f"Prefill is the bottleneck: {lt.waiting_prefills:,} prefill batches ran back to back while requests "
         f"waited, {every} taking {taking}, so each pass took in as much as it allows"
@@ -172,9 +196,8 @@ def prefill_bound_burst(c: Collected) -> Finding | None:
             else "; the queue does not shrink while every pass is full (one long prompt split into chunks, "
             "or arrivals keeping pace)."
         ),
-        f"The queue {queue} while token usage rose {u0:.2f} → {u1:.2f}: the pool is still "
-        "filling, and the requests wait for prefill passes, not for room the admission forecast holds back. "
-        "Low usage here is the burst not yet prefilled, not an idle pool.",
+        f"The queue {queue} while {pool}, and the requests wait for prefill passes, not for room the "
+        "admission forecast holds back. Low usage here is the burst not yet prefilled, not an idle pool.",
     ]
     if lt.timed:
         lines.append(f"Requests waited {of_log(c, lt.waiting_s)}.")
