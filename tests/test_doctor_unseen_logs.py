@@ -11,7 +11,9 @@ import pytest
 
 from kvadmit.doctor.diagnose import Inputs, diagnose
 from kvadmit.doctor.model import Diagnosis
+from kvadmit.doctor.observed import read_observed
 from kvadmit.doctor.parse import HTTP, LineParser
+from kvadmit.doctor.reconstruct import CannotReconstruct, reconstruct
 
 LOGS = Path(__file__).parent / "data" / "logs"
 
@@ -118,6 +120,12 @@ def test_46_lines_cut_by_a_terminal_still_read_and_the_title_says_usage_is_unkno
     )  # the access lines end after "HTTP/1.1" with no status: still access lines
     assert "no token usage" in d.lead.title
     assert "pool is used up to the forecast" not in d.lead.title
+
+
+def test_45_a_pool_whose_usage_reads_0_00_is_said_so_when_it_cannot_be_sized() -> None:
+    # #token 4078 at "token usage: 0.00": the pool is over 4078 / 0.005 = 815,600 tokens, no more is known.
+    with pytest.raises(CannotReconstruct, match=r"reads 0\.00"):
+        reconstruct(read_observed(str(next(LOGS.glob("45-*.log")))))
 
 
 # -- the parser ----------------------------------------------------------------------------------------
