@@ -128,6 +128,8 @@ class LineParser:
         self._last: tuple[str, float | None, str, str] = ("", None, "", "")
         self._day: float | None = None  # midnight of the last dated stamp (seconds since 1970)
         self._dated_t = 0.0  # that stamp's seconds
+        self._fast_ts = ""  # fast_batch's last stamp and its seconds
+        self._fast_t: float | None = None
 
     def _on_day(self, t: float | None) -> float | None:
         """A time of day alone (`[03:51:54]`, seconds from midnight) after dated stamps is taken on the
@@ -153,7 +155,9 @@ class LineParser:
             if m is None:
                 continue
             ts = m.group(1)
-            t = self._on_day(self._prefix_reader.seconds(ts))
+            if ts != self._fast_ts:  # consecutive lines share their stamp: convert it once
+                self._fast_ts, self._fast_t = ts, self._on_day(self._prefix_reader.seconds(ts))
+            t = self._fast_t
             got = tuple(map(_call, stamped.types, m.group(*stamped.groups)))
             if stamped.kind is DECODE:
                 return DECODE, ts, t, got + _NO_PREFILL
