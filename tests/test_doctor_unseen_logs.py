@@ -206,6 +206,17 @@ def test_a_fall_that_stays_with_as_many_running_is_a_collapse(tmp_path: Path) ->
     assert d.lead.numbers["per_request_after"] == pytest.approx(10.0)
 
 
+def test_a_fall_while_prefill_passes_take_the_time_is_no_collapse(tmp_path: Path) -> None:
+    # Decode tokens/s fall tenfold with as many running, but a prefill pass runs before every slow decode
+    # line: the wall time went to prefill (decode starved by a prefill burst), not to a slower decode.
+    lines = [_decode(i, 4, 0.50, 400, 50) for i in range(3)]
+    for i in range(4):
+        lines.append(_prefill(3 + 2 * i, 8192, 0.50, 4, 50))
+        lines.append(_decode(4 + 2 * i, 4, 0.50, 40, 50))
+    d = run_lines(tmp_path, lines)
+    assert not any(f.verdict == "throughput-collapse" for f in d.findings)
+
+
 def _prefill(sec: int, new_token: int, usage: float, running: int, queued: int, new_seq: int = 4) -> str:
     return (
         f"[2026-01-01 10:00:{sec:02d}] Prefill batch, #new-seq: {new_seq}, #new-token: {new_token}, "

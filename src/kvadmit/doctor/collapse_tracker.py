@@ -4,7 +4,8 @@ The baseline is set by the first retraction line (the median of the decode lines
 when no retraction line is in the excerpt, by the first decode line whose throughput falls threefold in
 total *and* per running request while no fewer requests run: more requests, a third of the tokens/s, is
 not a smaller batch finishing. That unseen start is dropped again if throughput comes back, and gives way
-to a retraction line that appears later.
+to a retraction line that appears later; the rule ignores it when prefill lines after it are as many as
+decode lines (the time went to prefill passes, which a decode line's tokens/s counts against decode).
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ class CollapseTracker:
     running_before: int | None = None
     usage_before: float | None = None
     first_low: Sample | None = None
+    prefills: int = 0  # prefill lines before any retraction line (collect counts them)
+    prefills_after: int = 0  # of those, since the last decode line before the fall
+    _prefills_at_ok: int = 0  # `prefills` at the last decode line that kept its throughput
     _ok: deque[tuple[float, float, int, float | None, Quote]] = field(default_factory=lambda: deque(maxlen=8))
 
     @staticmethod
@@ -61,6 +65,7 @@ class CollapseTracker:
             if per * FALL > self.baseline[0]:  # it came back: no collapse after all
                 self._reset()
             else:
+                self.prefills_after = self.prefills - self._prefills_at_ok
                 self.sample(s, q)
                 return
         ok = self._ok
@@ -70,9 +75,11 @@ class CollapseTracker:
             if per * FALL <= per0 and s.throughput * FALL <= total0 and s.running >= running0:
                 self.baseline, self.unseen = (per0, q0), True
                 self.running_before, self.usage_before, self.first_low = running0, ok[-1][3], s
+                self.prefills_after = self.prefills - self._prefills_at_ok
                 self.sample(s, q)
                 return
         ok.append((per, s.throughput or 0.0, s.running or 0, s.usage, q))
+        self._prefills_at_ok = self.prefills
 
     def _reset(self) -> None:
         self.baseline, self.unseen, self.first_low = None, False, None

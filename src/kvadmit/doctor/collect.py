@@ -272,6 +272,8 @@ class Collector:
             c.stall.sample(s, q)
         elif s.throughput is not None:
             c.collapse.watch(s, q)
+        elif prefill:
+            c.collapse.prefills += 1
         waves = c.waves
         if not waves.broken:
             if self._wave_stream is None:

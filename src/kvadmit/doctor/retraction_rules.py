@@ -255,6 +255,8 @@ def collapse(c: Collected) -> Finding | None:
         return None
     if t.after_low < 0.75 * t.after or len(t.recent) < 3:
         return None
+    if t.retraction is None and t.prefills_after >= t.after:
+        return None  # prefill passes took the time: decode starved by prefill, not a collapse
     base, base_q = t.baseline
     if any(per * COLLAPSE_FACTOR > base for per, _ in t.recent):
         return None  # it recovered
