@@ -47,6 +47,62 @@ QUOTED = {
         'reason="capacity"} 6.0',
         "kv_cache_usage_perc",
     ],
+    # 31–46: gathered after the doctor was tuned, each labelled before the doctor ran on it.
+    "31-sglang-938-a100-full-pool-huge-queue.log": [
+        "#running-req: 1010",
+        "token usage: 0.93",
+        "#queue-req: 12279",
+    ],
+    "32-sglang-3909-steady-decode-no-queue.log": ["#running-req: 8", "#queue-req: 0", "token usage: 0.13"],
+    "33-sglang-4407-decode-drain-after-burst.log": ["#running-req: 509", "token usage: 0.43"],
+    "34-sglang-22166-mixed-prefill-decode-cuda-graph.log": ["#running-req: 32", "token usage: 0.08"],
+    "35-sglang-26248-swa-throughput-collapse-after-retraction.log": [
+        "gen throughput (token/s): 429.52",
+        "gen throughput (token/s): 24.33",
+        "full token usage: 0.92",
+    ],
+    "36-sglang-30047-hybrid-mamba-prefill-burst.log": [
+        "#queue-req: 97",
+        "#queue-req: 49",
+        "mamba usage: 0.60",
+    ],
+    "37-sglang-1612-v03-prefill-burst-cache-hit-rate.log": [
+        "#new-token: 8192",
+        "#queue-req: 38",
+        "#queue-req: 18",
+    ],
+    "38-sglang-6291-v046-prefix-cached-prefills.log": ["#cached-token: 12019", "#queue-req: 0"],
+    "39-sglang-36081-dsv4-chunked-long-prompt-swa.log": [
+        "#new-token: 8192",
+        "#pending-token: 46401",
+        "#pending-token: 13638",
+    ],
+    "40-sglang-4184-dsr1-decode-oom-tp-ranks.log": ["0.1474 -> 0.1845", "0.0980 -> 0.1919", "0.1207 ->"],
+    "41-sglang-14972-overlap-retract-tiny-pool-full.log": ["token usage: 0.94", "#queue-req: 5"],
+    "42-sglang-11970-v053-prefill-burst-chunked-budget.log": [
+        "#queue-req: 114",
+        "#queue-req: 53",
+        "#new-token: 8192",
+    ],
+    "43-sglang-11948-eagle3-accept-len-single-request.log": ["#queue-req: 0", "token usage: 0.00"],
+    "44-openclaw-rl-44-ray-prefixed-decode.log": ["(SGLangEngine pid=41820)", "#running-req: 6"],
+    "45-sglang-1270-v02-time-only-decode.log": ["[04:40:55 TP0]", "token usage: 0.00"],
+    "46-sglang-25960-npu-terminal-cut-columns.log": ["#queue-req: 81", "#queue-req: 82"],
+    # 47–53: a second batch, labelled before the doctor with the fixes for 31–46 ran on it.
+    "47-sglang-6081-dp-attention-mtp-accept-len.log": ["DP0 TP0", "token usage: 0.13", "#queue-req: 0"],
+    "48-sglang-17392-pd-decode-dp-ranks-transfer-req.log": ["#transfer-req: 0", "token usage: 0.01"],
+    "49-sglang-13023-decode-drain-cuda-graph-flip.log": ["#running-req: 46", "token usage: 0.19"],
+    "50-llama-benchy-15-slow-prefill-swa-no-queue.log": ["#new-token: 2048", "#queue-req: 0"],
+    "51-sglang-22331-hisparse-flat-token-count.log": ["#token: 20800", "token usage: 0.29"],
+    "52-sglang-23177-glm-queue-at-max-prefill-budget.log": [
+        "#new-seq: 6, #new-token: 15360",
+        "#queue-req: 238",
+    ],
+    "53-sglang-2255-v04-chunk-budget-queue-growing.log": [
+        "#queue-req: 30",
+        "#queue-req: 155",
+        "#new-token: 2048",
+    ],
 }
 
 

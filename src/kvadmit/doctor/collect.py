@@ -13,11 +13,11 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from kvadmit.doctor import parse
+from kvadmit.doctor.collapse_tracker import CollapseTracker
 from kvadmit.doctor.lasted import LastedTracker
 from kvadmit.doctor.parse import Parsed
 from kvadmit.doctor.timeline import Marker, Timeline
 from kvadmit.doctor.trackers import (
-    CollapseTracker,
     Failures,
     PrefillStats,
     QueueStats,
@@ -270,6 +270,10 @@ class Collector:
         if self._after_retraction:
             c.collapse.sample(s, q)
             c.stall.sample(s, q)
+        elif s.throughput is not None:
+            c.collapse.watch(s, q)
+        elif prefill:
+            c.collapse.prefills += 1
         waves = c.waves
         if not waves.broken:
             if self._wave_stream is None:

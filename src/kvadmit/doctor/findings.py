@@ -126,6 +126,10 @@ def _healthy(c: Collected, pool: int | None, note: str, arithmetic: list[str] | 
     title = "Healthy queue: requests wait because the pool is used up to the forecast"
     lt = c.lasted
     low, top = lt.usage_quantile(0.1), lt.usage_quantile(0.9)
+    if high is None and q.max_usage is None and top is None:
+        # The lines carry no token usage at all (cut from a pasted terminal, say): say what they do show.
+        title = "Healthy queue: requests wait and are admitted pass by pass (the lines carry no token usage)"
+        lines.insert(0, "No batch line carries a token usage, so how full the pool is cannot be read here.")
     if lt.timed and low is not None and top is not None:
         # The usage that lasted (10th to 90th percentile over the time they waited), not the fullest moment.
         usage = f"{low:.2f}" if low == top else f"{low:.2f}–{top:.2f}"

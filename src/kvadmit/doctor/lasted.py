@@ -116,6 +116,8 @@ class LastedTracker:
     waiting_prefills: int = 0
     waiting_lines: int = 0
     new_tokens: dict[int, tuple[int, Quote]] = field(default_factory=dict)  # #new-token → (batches, first)
+    # (#new-token, #new-seq) → (batches, first): whether one more prompt would have fitted the pass
+    pass_shapes: dict[tuple[int, int], tuple[int, Quote]] = field(default_factory=dict)
     _first_wait: Sample | None = None
     _last_wait: Sample | None = None
 
@@ -164,7 +166,7 @@ class LastedTracker:
             if self._first_wait is None:
                 self._first_wait = s
             if s.kind == "prefill" and s.new_token is not None:
-                self._prefill_size(s.new_token, q)
+                self._prefill_size(s.new_token, s.new_seq, q)
 
     def _stamp(self, t: float) -> None:
         """A new timestamp: the samples of the one before share the time up to it."""
@@ -176,7 +178,7 @@ class LastedTracker:
 
     def _prefill(self, s: Sample, q: Quote, t: float, waiting: bool) -> None:
         if waiting and s.new_token is not None:
-            self._prefill_size(s.new_token, q)
+            self._prefill_size(s.new_token, s.new_seq, q)
         st = self.open
         if st is not None:
             st.end = t
@@ -186,8 +188,15 @@ class LastedTracker:
             self.admitted_after += s.new_seq or 0
             self.first_after = self.first_after or q
 
-    def _prefill_size(self, new_token: int, q: Quote) -> None:
+    def _prefill_size(self, new_token: int, new_seq: int | None, q: Quote) -> None:
         self.waiting_prefills += 1
+        if new_seq:
+            shapes = self.pass_shapes
+            seen_shape = shapes.get((new_token, new_seq))
+            if seen_shape is not None:
+                shapes[(new_token, new_seq)] = (seen_shape[0] + 1, seen_shape[1])
+            elif len(shapes) < _MAX_TOKEN_SIZES:
+                shapes[(new_token, new_seq)] = (1, q)
         sizes = self.new_tokens
         seen = sizes.get(new_token)
         if seen is not None:

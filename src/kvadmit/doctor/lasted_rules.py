@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from kvadmit.doctor import advice
 from kvadmit.doctor.collect import Collected
+from kvadmit.doctor.lasted import LastedTracker
 from kvadmit.doctor.model import (
     HEALTHY_QUEUE,
     OCCASIONAL,
@@ -35,6 +36,9 @@ STALL_SHARE = 0.5
 STALL_NOTE_SHARE = 0.3
 WAIT_SHARE = 0.25  # requests waiting for less of the time than this: a moment, not the state that lasted
 BURST_AT_BUDGET = 0.75
+# Without a start-up line, passes within 5% of one size larger than any default budget (16,384) show a
+# budget the user set and the log does not print: each pass takes what that budget allows.
+STEADY_SPREAD = 0.05
 # Chunked-prefill sizes SGLang picks by GPU memory, and the default --max-prefill-tokens (§6).
 _DEFAULT_BUDGETS = ((2048, 4096, 8192, 16384), 16384)
 
@@ -87,38 +91,113 @@ def _budgets(c: Collected) -> list[tuple[int, str]]:
     return found
 
 
+def _at_budget(lt: LastedTracker, budget: int, kind: str) -> tuple[int, Quote] | None:
+    """(passes, a quoted one) of the waiting prefills at `budget`: exactly it for a chunk budget; for
+    --max-prefill-tokens, which admits whole prompts, also a pass that one more prompt of the pass's mean
+    size would not fit (SGLang refuses the next prompt when it is at least what is left, §6)."""
+    exact = lt.new_tokens.get(budget)
+    count, quote = exact if exact is not None else (0, None)
+    if kind == "prefill":
+        for (tokens, seqs), (k, q) in lt.pass_shapes.items():
+            if tokens != budget and tokens < budget <= tokens + tokens / seqs:
+                count, quote = count + k, quote or q
+    return (count, quote) if quote is not None else None
+
+
+def _steady_size(c: Collected) -> tuple[int, int, str, Quote] | None:
+    """(batches, median size, "steady", a quoted one) when at least BURST_AT_BUDGET of the prefills that
+    ran while requests waited took within STEADY_SPREAD of the same number of new tokens, larger than any
+    default budget, and the log has no start-up line: a budget the user set that the log does not print."""
+    lt = c.lasted
+    sizes = sorted(lt.new_tokens.items())
+    total = sum(k for _, (k, _) in sizes)
+    if total < 3:
+        return None
+    half, seen, median = total / 2, 0, sizes[-1][0]
+    for size, (k, _) in sizes:
+        seen += k
+        if seen >= half:
+            median = size
+            break
+    near = [(size, kq) for size, kq in sizes if abs(size - median) <= STEADY_SPREAD * median]
+    count = sum(k for _, (k, _) in near)
+    # Only a size no budget explains: with a start-up line the budgets are known (a steady pass under them
+    # is admission holding back), and a pass under SGLang's largest default may be admission too.
+    if (
+        c.startup
+        or median <= _DEFAULT_BUDGETS[1]
+        or count < 3
+        or count < BURST_AT_BUDGET * lt.waiting_prefills
+    ):
+        return None
+    return count, median, "steady", next(kq[1] for size, kq in near if size == median)
+
+
+def _size_words(kind: str, budget: int) -> tuple[str, str]:
+    """How the title and the explanation name the size every pass took."""
+    if kind == "steady":
+        return (
+            f"a steady {budget:,} new tokens",
+            f"within 5% of {budget:,} new tokens, more than any default budget allows (a "
+            "--max-prefill-tokens or --chunked-prefill-size set to about that, not printed in this log)",
+        )
+    if kind == "chunk":
+        return f"the {budget:,}-token chunk budget", f"exactly {budget:,} new tokens (--chunked-prefill-size)"
+    return (
+        f"the {budget:,}-token prefill budget",
+        f"{budget:,} new tokens or as close to it as whole prompts allow (--max-prefill-tokens)",
+    )
+
+
 def prefill_bound_burst(c: Collected) -> Finding | None:
     lt = c.lasted
     first, last = lt.first_wait, lt.last_wait
-    if lt.waiting_prefills < 3 or first is None or last is None or lt.waiting_prefills * 2 < lt.waiting_lines:
+    if lt.waiting_prefills < 2 or first is None or last is None or lt.waiting_prefills * 2 < lt.waiting_lines:
         return None
     best: tuple[int, int, str, Quote] | None = None  # (batches at it, budget, kind, a quoted one)
     for value, kind in _budgets(c):
-        at = lt.new_tokens.get(value)
+        at = _at_budget(lt, value, kind)
         if at is not None and (best is None or at[0] > best[0]):
             best = (at[0], value, kind, at[1])
-    if best is None or best[0] < 3 or best[0] < BURST_AT_BUDGET * lt.waiting_prefills:
-        return None
+    if best is None or best[0] < 2 or best[0] < BURST_AT_BUDGET * lt.waiting_prefills:
+        best = _steady_size(c)
+        if best is None:
+            return None
     at, budget, kind, at_quote = best
     t0, q0, u0, first_q = first
     t1, q1, u1, last_q = last
-    if q1 >= q0 or u0 is None or u1 is None or u1 <= u0:
+    # Nothing but prefill passes at the full budget while requests waited: prefill compute is the bound
+    # even when the queue did not shrink and the pool did not fill in the excerpt (one long prompt in
+    # chunks, arrivals keeping pace, requests that finish as soon as they are prefilled). Two such passes
+    # are enough then; otherwise three, with the queue falling and usage rising.
+    only_full_passes = kind != "steady" and at == lt.waiting_prefills == lt.waiting_lines
+    if u0 is None or u1 is None or (not only_full_passes and (at < 3 or q1 >= q0 or u1 <= u0)):
         return None
     every = "every prefill" if at == lt.waiting_prefills else f"{at:,} of {lt.waiting_prefills:,} prefills"
-    what = "chunk" if kind == "chunk" else "prefill"
-    flag = "--chunked-prefill-size" if kind == "chunk" else "--max-prefill-tokens"
     took = f" in {seconds(t1 - t0)}" if t0 is not None and t1 is not None and t1 > t0 else ""
+    size, taking = _size_words(kind, budget)
+    rising = u1 > u0
     title = (
-        f"Healthy queue: a prefill-bound burst, {every} at the {budget:,}-token {what} budget, queue "
-        f"{q0:,} → {q1:,}{took}, usage rising {u0:.2f} → {u1:.2f}"
+        f"Healthy queue: a prefill-bound burst, {every} at {size}, queue {q0:,} → {q1:,}{took}, usage "
+        f"{'rising ' if rising else ''}{u0:.2f} → {u1:.2f}"
+    )
+    queue = f"fell {q0:,} → {q1:,}" if q1 < q0 else f"went {q0:,} → {q1:,}"
+    pool = (
+        f"token usage rose {u0:.2f} → {u1:.2f}: the pool is still filling"
+        if rising
+        else f"token usage stayed at {u1:.2f}: requests leave about as fast as they are prefilled"
     )
     lines = [
-        f"A burst of requests arrived at once and prefill is the bottleneck: {lt.waiting_prefills:,} prefill "
-        f"batches ran back to back while requests waited, {every} taking exactly {budget:,} new tokens "
-        f"({flag}), so each pass took in as much as the budget allows.",
-        f"The queue fell {q0:,} → {q1:,} while token usage rose {u0:.2f} → {u1:.2f}: the pool is still "
-        "filling, and the requests wait for prefill passes, not for room the admission forecast holds back. "
-        "Low usage here is the burst not yet prefilled, not an idle pool.",
+        f"Prefill is the bottleneck: {lt.waiting_prefills:,} prefill batches ran back to back while requests "
+        f"waited, {every} taking {taking}, so each pass took in as much as it allows"
+        + (
+            "."
+            if q1 < q0
+            else "; the queue does not shrink while every pass is full (one long prompt split into chunks, "
+            "or arrivals keeping pace)."
+        ),
+        f"The queue {queue} while {pool}, and the requests wait for prefill passes, not for room the "
+        "admission forecast holds back. Low usage here is the burst not yet prefilled, not an idle pool.",
     ]
     if lt.timed:
         lines.append(f"Requests waited {of_log(c, lt.waiting_s)}.")

@@ -88,6 +88,9 @@ _RETRACT_READER = loglines.FieldReader(loglines.RETRACT_FORMATS)
 _STARTUP_READER = loglines.FieldReader(loglines.STARTUP_FORMATS, sep="=")
 _STARTUP_HEAD = "max_total_num_tokens="
 _METRIC_PREFIXES = ("sglang:", "sglang_", "vllm:", "vllm_", "# HELP ", "# TYPE ")
+_DAY = 86400.0
+# A hybrid model's pools, each reported on its own: admission waits on whichever is fullest.
+_POOL_USAGES = ("full_token_usage", "swa_token_usage", "mamba_usage")
 
 
 class Parsed:
@@ -123,6 +126,24 @@ class LineParser:
         self._prefix_reader = PrefixReader()
         self._last_prefix = ""
         self._last: tuple[str, float | None, str, str] = ("", None, "", "")
+        self._day: float | None = None  # midnight of the last dated stamp (seconds since 1970)
+        self._dated_t = 0.0  # that stamp's seconds
+        self._fast_ts = ""  # fast_batch's last stamp and its seconds
+        self._fast_t: float | None = None
+
+    def _on_day(self, t: float | None) -> float | None:
+        """A time of day alone (`[03:51:54]`, seconds from midnight) after dated stamps is taken on the
+        last date seen (the next day when it is more than 12 h earlier), so one log keeps one clock when a
+        user pastes blocks printed with and without the date."""
+        if t is None:
+            return None
+        if t >= 2 * _DAY:  # dated
+            self._day, self._dated_t = t - t % _DAY, t
+            return t
+        if self._day is None:
+            return t
+        t += self._day
+        return t + _DAY if t < self._dated_t - _DAY / 2 else t
 
     def fast_batch(self, text: str) -> tuple[str, str, float | None, tuple[object, ...]] | None:
         """(kind, timestamp, seconds, BATCH_VALUES) of a current-release batch line behind SGLang's plain
@@ -134,7 +155,9 @@ class LineParser:
             if m is None:
                 continue
             ts = m.group(1)
-            t = self._prefix_reader.seconds(ts)
+            if ts != self._fast_ts:  # consecutive lines share their stamp: convert it once
+                self._fast_ts, self._fast_t = ts, self._on_day(self._prefix_reader.seconds(ts))
+            t = self._fast_t
             got = tuple(map(_call, stamped.types, m.group(*stamped.groups)))
             if stamped.kind is DECODE:
                 return DECODE, ts, t, got + _NO_PREFILL
@@ -159,6 +182,7 @@ class LineParser:
                 rec.ts, rec.t, rec.rank, rec.scheduler = self._last
             else:
                 rec.ts, rec.t, rec.rank, rec.scheduler = self._prefix_reader.read(prefix)
+                rec.t = self._on_day(rec.t)
                 self._last_prefix = prefix
                 self._last = (rec.ts, rec.t, rec.rank, rec.scheduler)
         return rec
@@ -186,11 +210,14 @@ class LineParser:
             if m is not None:
                 kind = PREFILL if m.group(1) == "Prefill" else DECODE
                 fields: dict[str, object] = dict(read_batch_fields(text[m.end() :]))
-                if "token_usage" not in fields:  # hybrid models: the fuller of the two pools decides
-                    pools = [fields.get("full_token_usage"), fields.get("swa_token_usage")]
-                    known = [u for u in pools if isinstance(u, float)]
+                if "token_usage" not in fields:  # hybrid models: the fullest pool decides
+                    known = [(u, n) for n in _POOL_USAGES if isinstance(u := fields.get(n), float)]
                     if known:
-                        fields["token_usage"] = max(known)
+                        usage, name = max(known)
+                        fields["token_usage"] = usage
+                        used = fields.get(name.replace("token_usage", "num_used_tokens"))
+                        if "num_used_tokens" not in fields and isinstance(used, int):
+                            fields["num_used_tokens"] = used  # that pool's #token
                 values = tuple(_number(fields.get(n)) for n in BATCH_VALUES)
                 return Parsed(kind, text[m.start() :], fields, values), m.start()
         end = text.find(" HTTP/")
@@ -198,9 +225,11 @@ class LineParser:
             start = text.rfind('"', 0, end)
             close = text.find('" ', end)
             status = text[close + 2 : close + 5]
+            if close < 0 and text.rstrip().endswith('"'):  # cut after the request: no status to read
+                close, status = len(text.rstrip()) - 1, ""
             method, _, path = text[start + 1 : end].partition(" ")
-            if start >= 0 and close > 0 and status.isdigit() and method.isupper() and path:
-                fields = {"method": method, "path": path, "status": int(status)}
+            if start >= 0 and close > 0 and (status.isdigit() or not status) and method.isupper() and path:
+                fields = {"method": method, "path": path, "status": int(status) if status else None}
                 if path.startswith("/health") and status >= "400":
                     return Parsed(HEALTH_FAIL, text[start:], fields), start
                 return Parsed(HTTP, text[start:], fields), start

@@ -164,6 +164,11 @@ def reconstruct(obs: Observed) -> Reconstruction:
         raise CannotReconstruct("fewer than two timed Decode batch lines")
     found = server.infer_pool(obs)
     if found is None:
+        if any(d.tokens and d.usage == 0 for d in obs.decodes):  # a pool too big for 2 decimals to show
+            raise CannotReconstruct(
+                "token usage reads 0.00 on every Decode line that gives #token: the pool is more than "
+                "#token ÷ 0.005, and no line says how much more"
+            )
         raise CannotReconstruct("no Decode line gives both #token and token usage")
     pool, pool_range = found
     interval = server.infer_decode_log_interval(obs)

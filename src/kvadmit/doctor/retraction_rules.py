@@ -22,7 +22,7 @@ from kvadmit.doctor.model import (
     Finding,
 )
 from kvadmit.doctor.rates import Rate, duration, per_minute
-from kvadmit.doctor.trackers import unique
+from kvadmit.doctor.trackers import Quote, unique
 
 COLLAPSE_FACTOR = 3.0
 
@@ -251,30 +251,68 @@ def stall(c: Collected) -> Finding | None:
 
 def collapse(c: Collected) -> Finding | None:
     t = c.collapse
-    if t.baseline is None or t.after < 3 or t.worst_after is None or t.retraction is None:
+    if t.baseline is None or t.after < 3 or t.worst_after is None or (t.retraction is None and not t.unseen):
         return None
     if t.after_low < 0.75 * t.after or len(t.recent) < 3:
         return None
+    if t.retraction is None and t.prefills_after >= t.after:
+        return None  # prefill passes took the time: decode starved by prefill, not a collapse
     base, base_q = t.baseline
     if any(per * COLLAPSE_FACTOR > base for per, _ in t.recent):
         return None  # it recovered
     now = sorted(per for per, _ in t.recent)[1]
+    since = "before the first retraction" if t.retraction is not None else "before the fall"
     lines = [
-        f"Generation throughput per running request was {base:.1f} tokens/s before the first retraction and "
+        f"Generation throughput per running request was {base:.1f} tokens/s {since} and "
         f"{now:.1f} tokens/s at the end of the log ({base / max(now, 1e-9):.0f}× lower); {t.after_low} of "
         f"the {t.after} decode lines after it stayed at a third or less.",
         "Per running request, so fewer running requests do not explain it: each request decodes slower. A "
         "retraction should cost one re-prefill, not the rest of the run (a user saw 429 → 20–38 tokens/s "
         "after a retraction, and it stayed there).",
     ]
-    evidence = unique([base_q, t.retraction, t.worst_after[1], t.recent[-1][1]])
+    title = f"Throughput collapse after a retraction: {base:.1f} → {now:.1f} tokens/s per running request"
+    if t.retraction is None:
+        title, more = _unseen_collapse(c, base, now)
+        lines.insert(1, more)
+    low = t.first_low  # the first slow line, when no retraction line marks the start
+    first_low = Quote(low.line, low.text) if low is not None and t.retraction is None else None
+    evidence = unique([base_q, t.retraction, first_low, t.worst_after[1], t.recent[-1][1]])
     return Finding(
         COLLAPSE,
         COLLAPSE,
         RANK_COLLAPSE,
-        f"Throughput collapse after a retraction: {base:.1f} → {now:.1f} tokens/s per running request",
+        title,
         lines,
         evidence,
         advice.collapse(),
-        {"per_request_before": base, "per_request_after": now, "samples_after": t.after},
+        {
+            "per_request_before": base,
+            "per_request_after": now,
+            "samples_after": t.after,
+            "retraction_seen": t.retraction is not None,
+        },
     )
+
+
+def _unseen_collapse(c: Collected, base: float, now: float) -> tuple[str, str]:
+    """Title and a line for a fall with no retraction line in the excerpt."""
+    t = c.collapse
+    low = t.first_low
+    assert low is not None
+    running = f"{t.running_before} → {low.running}" if t.running_before is not None else f"{low.running}"
+    title = (
+        f"Throughput collapse: {base:.1f} → {now:.1f} tokens/s per running request while #running-req went "
+        f"{running} (no retraction line in the excerpt)"
+    )
+    line = (
+        f"Total generation throughput fell threefold or more while no fewer requests ran (#running-req "
+        f"{running}): that is not a batch finishing."
+    )
+    u0, u1 = t.usage_before, low.usage
+    if u0 is not None and u1 is not None and u1 < u0:
+        line += (
+            f" Token usage fell {u0:.2f} → {u1:.2f} at the same moment while #running-req did not fall: "
+            "KV was freed from running requests, which is what a retraction does; look for 'KV cache pool "
+            "is full. Retract requests.' just before the slow lines."
+        )
+    return title, line

@@ -249,47 +249,6 @@ class RetractStats:
 
 
 @dataclass
-class CollapseTracker:
-    """Generation throughput per running request before the first retraction and after it. The samples
-    before it come from the collector's short history (`retracted`); after it, each one (`sample`)."""
-
-    baseline: tuple[float, Quote] | None = None
-    after: int = 0
-    after_low: int = 0
-    recent: deque[tuple[float, Quote]] = field(default_factory=lambda: deque(maxlen=3))
-    worst_after: tuple[float, Quote] | None = None
-    retraction: Quote | None = None
-
-    @staticmethod
-    def _per_request(s: Sample) -> float | None:
-        if s.kind not in ("decode", "vllm") or not s.running or not s.throughput or s.throughput <= 0:
-            return None
-        return s.throughput / s.running
-
-    def sample(self, s: Sample, q: Quote) -> None:
-        per = self._per_request(s)
-        if per is None or self.baseline is None:
-            return
-        self.after += 1
-        if per * 3 <= self.baseline[0]:
-            self.after_low += 1
-        self.recent.append((per, q))
-        if self.worst_after is None or per < self.worst_after[0]:
-            self.worst_after = (per, q)
-
-    def retracted(self, q: Quote, history: Iterable[tuple[Sample, Quote]]) -> None:
-        """The first retraction after at least two decode lines sets the baseline: their median (of the
-        last eight)."""
-        if self.baseline is not None:
-            return
-        before = [(per, hq) for hs, hq in history if (per := self._per_request(hs)) is not None][-8:]
-        if len(before) >= 2:
-            before.sort(key=lambda vq: vq[0])
-            self.baseline = before[len(before) // 2]
-            self.retraction = q
-
-
-@dataclass
 class StallTracker:
     """Admission after the first retraction: does the queue grow while running requests drain?"""
 
