@@ -119,32 +119,41 @@ class Session:
         self._recorded = False  # request-side metrics are taken once, at the first end seen
 
     async def events(self) -> AsyncIterator[Delta | Outcome]:
-        """Deltas as tokens arrive, then the Outcome. If the consumer stops early (the client went away)
-        or the client disconnects while waiting, the request is aborted in the engine."""
+        """Deltas as tokens arrive, then the Outcome. What arrived together comes as one event (tokens
+        that arrive with the end come in the Outcome), as SGLang's tokenizer manager answers with a
+        request's latest output. If the consumer stops early (the client went away) or the client
+        disconnects while waiting, the request is aborted in the engine."""
         self.runner.submit(self.job)
         self.dispatched_wall = time.time()
         try:
             while True:
-                item = await self.stream.get(POLL_S)
-                if item is None:
+                items = await self.stream.take(POLL_S)
+                if not items:
                     if await self.is_disconnected():
                         return
                     continue
-                if isinstance(item, Finished):
-                    self.outcome = self._finish(item)
-                    yield self.outcome
-                    return
-                if self.streaming:  # (a non-streaming request's tokens all come with its end)
-                    now = time.perf_counter()
-                    if self.ttft is None:
-                        self.ttft = now - self.start
-                    elif self._last_token_at is not None:
-                        self._itls.append(now - self._last_token_at)
-                    self._last_token_at = now
-                self._progress(item)
-                yield Delta(self.text.add(item.ids), item.ids)
+                ids: list[int] = []
+                for item in items:
+                    if isinstance(item, Finished):
+                        self.text.detok.add(ids)  # their text: in the Outcome's final_delta
+                        self.outcome = self._finish(item)
+                        yield self.outcome
+                        return
+                    self._arrived(item)
+                    ids += item.ids
+                yield Delta(self.text.add(ids), ids)
         finally:
             self.close()
+
+    def _arrived(self, tokens: Tokens) -> None:
+        if self.streaming:  # (a non-streaming request's tokens all come with its end)
+            now = time.perf_counter()
+            if self.ttft is None:
+                self.ttft = now - self.start
+            elif self._last_token_at is not None:
+                self._itls.append(now - self._last_token_at)
+            self._last_token_at = now
+        self._progress(tokens)
 
     def _progress(self, tokens: Tokens) -> None:
         if self.first_output_wall is None:

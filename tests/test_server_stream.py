@@ -1,0 +1,110 @@
+"""A request's stream from the engine thread to its handler (channels.Stream, session.Session): what
+arrived together is answered together, as SGLang's tokenizer manager answers a request with its latest
+output; tokens that come with the end are in the end's answer; an idle wait gives up after its timeout."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from types import SimpleNamespace
+from typing import Any
+
+from kvadmit.model.byte_tokenizer import ByteTokenizer
+from kvadmit.request import SamplingLimits
+from kvadmit.sampling_params import SamplingParams
+from kvadmit.server.channels import Finished, Stream, Tokens
+from kvadmit.server.session import Delta, Outcome, Session
+
+
+class _Runner:
+    """Stands in for the engine runner: records the job, never runs it."""
+
+    def __init__(self) -> None:
+        self.backend = SimpleNamespace(tokenizer=ByteTokenizer())
+        self.metrics = None
+        self.jobs: list[Any] = []
+        self.aborted: list[str] = []
+
+    def submit(self, job: Any) -> None:
+        self.jobs.append(job)
+
+    def abort(self, rid: str) -> None:
+        self.aborted.append(rid)
+
+
+def _session(runner: _Runner, stops: list[str] | None = None) -> Session:
+    async def connected() -> bool:
+        return False
+
+    return Session(runner, [104, 105], SamplingLimits(requested_max_new_tokens=10), SamplingParams(),  # type: ignore[arg-type]
+                   stops=stops or [], skip_special_tokens=True, streaming=True,
+                   is_disconnected=connected, rid="r")  # fmt: skip
+
+
+def _tokens(text: str) -> Tokens:
+    return Tokens(list(text.encode()), cached_tokens=0, retractions=0)
+
+
+def _end(n: int) -> Finished:
+    return Finished("length", None, "", 200, prompt_tokens=2, completion_tokens=n, cached_tokens=0)
+
+
+def test_tokens_that_arrived_together_are_one_delta_and_the_tokens_with_the_end_are_in_the_outcome() -> None:
+    async def run() -> list[Delta | Outcome]:
+        runner = _Runner()
+        session = _session(runner)
+        events = session.events()
+        stream = session.stream
+        first = asyncio.ensure_future(anext(events))
+        await asyncio.sleep(0)  # the handler waits for its first output
+        stream._push(_tokens("a"))
+        got: list[Delta | Outcome] = [await first]
+        for item in (_tokens("b"), _tokens("c"), _tokens("d")):  # three steps' tokens, handler behind
+            stream._push(item)
+        got.append(await anext(events))
+        stream._push(_tokens("e"))  # the last step's token and the end, delivered together
+        stream._push(_end(5))
+        got.append(await anext(events))
+        assert await anext(events, None) is None
+        assert runner.aborted == []  # ended normally: nothing to abort
+        return got
+
+    first, caught_up, last = asyncio.run(run())
+    assert isinstance(first, Delta) and (first.text, first.token_ids) == ("a", [97])
+    assert isinstance(caught_up, Delta) and (caught_up.text, caught_up.token_ids) == ("bcd", [98, 99, 100])
+    assert isinstance(last, Outcome)
+    assert (last.text, last.final_delta, last.output_ids) == ("abcde", "e", [97, 98, 99, 100, 101])
+
+
+def test_held_back_text_is_released_in_the_end_that_comes_with_the_last_tokens() -> None:
+    async def run() -> list[Delta | Outcome]:
+        session = _session(_Runner(), stops=["xyz"])
+        events = session.events()
+        first = asyncio.ensure_future(anext(events))
+        await asyncio.sleep(0)
+        session.stream._push(_tokens("abx"))  # the last len("xyz") - 1 characters are held back
+        got: list[Delta | Outcome] = [await first]
+        session.stream._push(_tokens("q"))
+        session.stream._push(_end(4))
+        got.append(await anext(events))
+        return got
+
+    delta, end = asyncio.run(run())
+    assert isinstance(delta, Delta) and delta.text == "a"
+    assert isinstance(end, Outcome) and (end.text, end.final_delta) == ("abxq", "bxq")
+
+
+def test_take_returns_everything_queued_at_once_and_nothing_after_its_timeout() -> None:
+    async def run() -> tuple[list[Any], list[Any], float]:
+        stream = Stream(asyncio.get_running_loop())
+        stream.put(_tokens("a"))  # from another thread's point of view: delivered through the loop
+        stream.put(_end(1))
+        await asyncio.sleep(0)
+        both = await stream.take(1.0)
+        began = time.perf_counter()
+        none = await stream.take(0.05)
+        return both, none, time.perf_counter() - began
+
+    both, none, waited = asyncio.run(run())
+    assert [type(x) for x in both] == [Tokens, Finished]
+    assert none == [] and 0.04 <= waited < 1.0
