@@ -55,6 +55,7 @@ def _trace_file(path: str | None, flag: str) -> TraceFile | None:
 
 def build_state(ns: argparse.Namespace, args: ServerArgs) -> Any:
     from kvadmit.server.backend import model_backend, simulated_backend
+    from kvadmit.server.load import LoadCounters
     from kvadmit.server.metrics import ServerMetrics
     from kvadmit.server.runner import EngineRunner
     from kvadmit.server.state import ServerState
@@ -115,7 +116,8 @@ def build_state(ns: argparse.Namespace, args: ServerArgs) -> Any:
         quantization=None if ns.simulate else ns.quantization,
         simulate=ns.simulate, max_total_tokens=backend.pool_size, context_length=backend.context_len,
         max_running_requests=runner.scheduler.max_running_requests,
-        chunked_prefill_size=runner.scheduler.chunked_prefill_size,
+        # SGLang keeps -1 (chunking off) in its arguments, where kvadmit's scheduler holds None
+        chunked_prefill_size=runner.scheduler.chunked_prefill_size or -1,
     )  # fmt: skip
     for key in ("tp_size", "dp_size", "pp_size"):
         resolved.setdefault(key, 1)  # one device, one scheduler
@@ -130,6 +132,7 @@ def build_state(ns: argparse.Namespace, args: ServerArgs) -> Any:
         created=int(time.time()),
         accelerator=_accelerator_name(backend.device, backend.simulated),
         scheduler_info=_scheduler_info(runner, loaded - began, time.monotonic() - loaded),
+        load=LoadCounters(metrics_on=ns.enable_metrics),
     )
     state.load.attach(runner.engine)
     return state
