@@ -362,7 +362,7 @@ class EngineRunner:
             "new_token_ratio": s.ratio.current,
             "max_running_requests": s.max_running_requests,
             "context_len": s.context_len,
-            "chunked_prefill_size": s.chunked_prefill_size,
+            "chunked_prefill_size": s.chunked_prefill_size or -1,  # SGLang's -1: chunking off
             "page_size": s.page_size,
             "steps": self.steps,
         }
