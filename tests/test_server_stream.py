@@ -1,19 +1,25 @@
 """A request's stream from the engine thread to its handler (channels.Stream, session.Session): what
 arrived together is answered together, as SGLang's tokenizer manager answers a request with its latest
-output; tokens that come with the end are in the end's answer; an idle wait gives up after its timeout."""
+output; tokens that come with the end are in the end's answer; an idle wait gives up after its timeout;
+--stream-interval and sampling_params.stream_interval as SGLang sends by them."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
+
+import httpx
 
 from kvadmit.model.byte_tokenizer import ByteTokenizer
 from kvadmit.request import SamplingLimits
 from kvadmit.sampling_params import SamplingParams
 from kvadmit.server.channels import Finished, Stream, Tokens
 from kvadmit.server.session import Delta, Outcome, Session
+from server_helpers import running_server, write_cost_model
 
 
 class _Runner:
@@ -108,3 +114,27 @@ def test_take_returns_everything_queued_at_once_and_nothing_after_its_timeout() 
     both, none, waited = asyncio.run(run())
     assert [type(x) for x in both] == [Tokens, Finished]
     assert none == [] and 0.04 <= waited < 1.0
+
+
+def _streamed_lengths(url: str, sp: dict[str, Any]) -> list[int]:
+    """The output_ids length of each chunk of a streamed /generate (the last one carries the end)."""
+    body = {"text": "go", "sampling_params": {**sp, "ignore_eos": True}, "stream": True}
+    lengths = []
+    with httpx.stream("POST", f"{url}/generate", json=body, timeout=60) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                lengths.append(len(json.loads(line[6:])["output_ids"]))
+    return lengths
+
+
+def test_stream_interval_sends_the_first_token_then_every_nth_and_the_end(tmp_path: Path) -> None:
+    # SGLang's --stream-interval 3: token 1 at once, then when 3 are unsent (4, 7), and the end (8);
+    # sampling_params.stream_interval overrides it per request (2: 1, 3, 5). A 30 ms step: the handler
+    # takes each output before the next.
+    cost = write_cost_model(tmp_path / "cost.json", decode_ms=30.0)
+    with running_server(["--simulate", cost, "--stream-interval", "3"]) as srv:
+        assert _streamed_lengths(srv.url, {"max_new_tokens": 8}) == [1, 4, 7, 8]
+        assert _streamed_lengths(srv.url, {"max_new_tokens": 5, "stream_interval": 2}) == [1, 3, 5]
+        bad = {"text": "go", "sampling_params": {"stream_interval": -1}}
+        r = httpx.post(f"{srv.url}/generate", json=bad, timeout=10)
+        assert r.status_code == 400 and "stream_interval" in r.json()["error"]["message"]

@@ -39,6 +39,9 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--api-key", default=None)
     g.add_argument("--enable-metrics", action="store_true", help="serve Prometheus metrics at /metrics")
     g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    g.add_argument("--stream-interval", type=int, default=1,
+                   help="a stream's first token goes out at once, then tokens go out once this many are "
+                   "unsent (and with the end)")  # fmt: skip
     g.add_argument("--watchdog-timeout", type=float, default=300.0,
                    help="/health: 503 after this long without a step while work is pending")  # fmt: skip
     add_kvadmit_serve_flags(p)

@@ -132,6 +132,7 @@ class Job:
     stream_tokens: bool = True  # False: all tokens come with the end (a non-streaming request)
     return_logprob: bool = False  # the tokens come with their log probabilities
     top_logprobs_num: int = 0  # and those of the most likely tokens at each step
+    stream_interval: int | None = None  # sampling_params.stream_interval (None: the server's)
     received: float = field(default_factory=time.monotonic)  # when its HTTP request reached the app
     handed: float = 0.0  # when the HTTP side handed it to the engine thread (submit)
 

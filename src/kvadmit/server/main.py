@@ -103,6 +103,7 @@ def build_state(ns: argparse.Namespace, args: ServerArgs) -> Any:
     emit = logging.getLogger("kvadmit.server").info
     runner = EngineRunner(
         backend, args, metrics=metrics, emit_log=emit, watchdog_timeout=ns.watchdog_timeout,
+        stream_interval=getattr(ns, "stream_interval", 1),
         request_trace=_trace_file(ns.trace_requests, "--trace-requests"),
         step_trace=_trace_file(ns.trace_steps, "--trace-steps"),
     )  # fmt: skip

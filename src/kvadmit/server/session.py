@@ -87,6 +87,7 @@ class Session:
         received: float | None = None,  # monotonic time the HTTP request reached the app
         return_logprob: bool = False,
         top_logprobs_num: int = 0,
+        stream_interval: int | None = None,
     ) -> None:
         import asyncio
 
@@ -99,7 +100,8 @@ class Session:
         self.stream = Stream(asyncio.get_running_loop())
         self.job = Job(self.rid, input_ids, limits, params, self.stream, stops, stream_tokens=streaming,
                        received=received if received is not None else time.monotonic(),
-                       return_logprob=return_logprob, top_logprobs_num=top_logprobs_num)  # fmt: skip
+                       return_logprob=return_logprob, top_logprobs_num=top_logprobs_num,
+                       stream_interval=stream_interval)  # fmt: skip
         self.text = TextAssembler(runner.backend.tokenizer, stops, skip_special_tokens)
         self.output_ids: list[int] = []
         self.cached_tokens = 0  # as the engine last reported them (known once the prompt was prefilled)
