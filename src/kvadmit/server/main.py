@@ -107,7 +107,28 @@ def build_state(ns: argparse.Namespace, args: ServerArgs) -> Any:
         request_trace=_trace_file(ns.trace_requests, "--trace-requests"),
         step_trace=_trace_file(ns.trace_steps, "--trace-steps"),
     )  # fmt: skip
-    resolved = {k: v for k, v in asdict(args).items() if k != "knobs"}
+    resolved = _resolved_args(ns, args, backend, runner, name)
+    state = ServerState(
+        runner=runner,
+        served_model_name=name,
+        server_args=resolved,
+        api_key=ns.api_key,
+        enable_metrics=ns.enable_metrics,
+        health_timeout=ns.health_check_timeout,
+        created=int(time.time()),
+        accelerator=_accelerator_name(backend.device, backend.simulated),
+        scheduler_info=_scheduler_info(runner, loaded - began, time.monotonic() - loaded),
+        load=LoadCounters(metrics_on=ns.enable_metrics),
+    )
+    state.load.attach(runner.engine)
+    return state
+
+
+def _resolved_args(
+    ns: argparse.Namespace, args: ServerArgs, backend: Any, runner: Any, name: str
+) -> dict[str, Any]:
+    """The resolved arguments /server_info reports, as SGLang's server_args hold them."""
+    resolved: dict[str, Any] = {k: v for k, v in asdict(args).items() if k != "knobs"}
     resolved.update(
         # serve --simulate has no model folder: its model_path is the served name, never a path that a
         # router would try to download
@@ -123,20 +144,7 @@ def build_state(ns: argparse.Namespace, args: ServerArgs) -> Any:
     for key in ("tp_size", "dp_size", "pp_size"):
         resolved.setdefault(key, 1)  # one device, one scheduler
     resolved.setdefault("launch_command", launch_command(sys.argv))
-    state = ServerState(
-        runner=runner,
-        served_model_name=name,
-        server_args=resolved,
-        api_key=ns.api_key,
-        enable_metrics=ns.enable_metrics,
-        health_timeout=ns.health_check_timeout,
-        created=int(time.time()),
-        accelerator=_accelerator_name(backend.device, backend.simulated),
-        scheduler_info=_scheduler_info(runner, loaded - began, time.monotonic() - loaded),
-        load=LoadCounters(metrics_on=ns.enable_metrics),
-    )
-    state.load.attach(runner.engine)
-    return state
+    return resolved
 
 
 def _output_lengths(spec: str | None) -> OutputLengths:
