@@ -1,6 +1,6 @@
-"""A request's stream from the engine thread to its handler (channels.Stream, session.Session): what
-arrived together is answered together, as SGLang's tokenizer manager answers a request with its latest
-output; tokens that come with the end are in the end's answer; an idle wait gives up after its timeout;
+"""A request's stream from the engine thread to its handler (channels.Stream, session.Session): a Delta
+per step; the tokens that come with the end are in the end's answer (SGLang's last chunk carries the last
+token); an idle wait gives up after its timeout;
 --stream-interval and sampling_params.stream_interval as SGLang sends by them."""
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def _end(n: int) -> Finished:
     return Finished("length", None, "", 200, prompt_tokens=2, completion_tokens=n, cached_tokens=0)
 
 
-def test_tokens_that_arrived_together_are_one_delta_and_the_tokens_with_the_end_are_in_the_outcome() -> None:
+def test_each_step_is_one_delta_and_the_tokens_with_the_end_are_in_the_outcome() -> None:
     async def run() -> list[Delta | Outcome]:
         runner = _Runner()
         session = _session(runner)
@@ -65,9 +65,9 @@ def test_tokens_that_arrived_together_are_one_delta_and_the_tokens_with_the_end_
         await asyncio.sleep(0)  # the handler waits for its first output
         stream._push(_tokens("a"))
         got: list[Delta | Outcome] = [await first]
-        for item in (_tokens("b"), _tokens("c"), _tokens("d")):  # three steps' tokens, handler behind
+        for item in (_tokens("b"), _tokens("cd")):  # two steps' tokens, taken in one go
             stream._push(item)
-        got.append(await anext(events))
+        got += [await anext(events), await anext(events)]
         stream._push(_tokens("e"))  # the last step's token and the end, delivered together
         stream._push(_end(5))
         got.append(await anext(events))
@@ -75,9 +75,10 @@ def test_tokens_that_arrived_together_are_one_delta_and_the_tokens_with_the_end_
         assert runner.aborted == []  # ended normally: nothing to abort
         return got
 
-    first, caught_up, last = asyncio.run(run())
-    assert isinstance(first, Delta) and (first.text, first.token_ids) == ("a", [97])
-    assert isinstance(caught_up, Delta) and (caught_up.text, caught_up.token_ids) == ("bcd", [98, 99, 100])
+    a, b, cd, last = asyncio.run(run())
+    assert isinstance(a, Delta) and (a.text, a.token_ids) == ("a", [97])
+    assert isinstance(b, Delta) and (b.text, b.token_ids) == ("b", [98])
+    assert isinstance(cd, Delta) and (cd.text, cd.token_ids) == ("cd", [99, 100])
     assert isinstance(last, Outcome)
     assert (last.text, last.final_delta, last.output_ids) == ("abcde", "e", [97, 98, 99, 100, 101])
 

@@ -55,8 +55,7 @@ class Tokens:
 
 class Stream:
     """One request's channel from the engine thread to its handler: Tokens, then one Finished. The handler
-    takes everything that arrived since it last looked in one go (a handler that fell behind catches up in
-    one answer, as SGLang's tokenizer manager drains a request's pending outputs)."""
+    takes everything that arrived since it last looked in one go (one wait, however many steps)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop

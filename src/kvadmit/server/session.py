@@ -121,29 +121,26 @@ class Session:
         self._recorded = False  # request-side metrics are taken once, at the first end seen
 
     async def events(self) -> AsyncIterator[Delta | Outcome]:
-        """Deltas as tokens arrive, then the Outcome. What arrived together comes as one event (tokens
-        that arrive with the end come in the Outcome), as SGLang's tokenizer manager answers with a
-        request's latest output. If the consumer stops early (the client went away) or the client
-        disconnects while waiting, the request is aborted in the engine."""
+        """A Delta for each step's tokens, then the Outcome; the last step's tokens, which arrive with the
+        end, come in the Outcome (SGLang sends them in its last chunk). If the consumer stops early (the
+        client went away) or the client disconnects while waiting, the request is aborted in the engine."""
         self.runner.submit(self.job)
         self.dispatched_wall = time.time()
         try:
             while True:
                 items = await self.stream.take(POLL_S)
-                if not items:
-                    if await self.is_disconnected():
-                        return
-                    continue
-                ids: list[int] = []
-                for item in items:
+                if not items and await self.is_disconnected():
+                    return
+                for i, item in enumerate(items):
                     if isinstance(item, Finished):
-                        self.text.detok.add(ids)  # their text: in the Outcome's final_delta
                         self.outcome = self._finish(item)
                         yield self.outcome
                         return
                     self._arrived(item)
-                    ids += item.ids
-                yield Delta(self.text.add(ids), ids)
+                    if i + 1 < len(items) and isinstance(items[i + 1], Finished):
+                        self.text.detok.add(item.ids)  # their text: in the Outcome's final_delta
+                        continue
+                    yield Delta(self.text.add(item.ids), item.ids)
         finally:
             self.close()
 
