@@ -8,6 +8,7 @@ and exits 0.
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import shlex
 import signal
@@ -208,6 +209,9 @@ def serve(ns: argparse.Namespace, args: ServerArgs) -> int:
     runner = state.runner
     runner.start()
     app = create_app(state)
+    # What start-up built (modules, the app, the pool) lives as long as the server: out of the collector's
+    # sight, a full collection costs microseconds instead of ~25 ms of every thread's time
+    gc.freeze()
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig: int, frame: Any) -> None:
