@@ -132,15 +132,21 @@ class Engine:
 
     def _overlap_step(self) -> bool:
         batch = self.scheduler.next_batch()
-        self._dispatch(self.clock.now())
+        scheduled = self.clock.now()
+        self._dispatch(scheduled)
         pending, self.pending = self.pending, None
+        start = scheduled
         if pending is not None:
             last, result, ready = pending
             self.clock.wait_until(ready)
             self._process(last, result)
+            # As on a GPU, the batch just scheduled starts the moment the last one ends (or when it was
+            # scheduled, if later), not after that result's processing: a step lasts max(its cost, the
+            # scheduler's work), the processing hides behind it. (A real executor has already taken its
+            # time by the time run() returns, so its wait below never waits.)
+            start = max(scheduled, ready)
         if batch is None:
             return pending is not None
-        start = self.clock.now()
         result = self.executor.run(batch)
         self.launched += 1
         self.pending = (batch, result, start + result.seconds)

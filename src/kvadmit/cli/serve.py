@@ -7,6 +7,11 @@ import os
 
 from kvadmit.cli.flags import add_model_flags, add_policy_flag, add_scheduler_flags, server_args_from
 from kvadmit.cli.sglang_compat import add_sglang_flags, check_sglang_flags
+from kvadmit.errors import UsageError
+
+# The devices SGLang 0.5.22 runs on (utils/common.py get_device), and those kvadmit runs a model on
+SGLANG_DEVICES = ("cuda", "xpu", "npu", "hpu", "musa", "mps", "cpu")
+MODEL_DEVICES = ("cuda", "cpu")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -34,6 +39,9 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--api-key", default=None)
     g.add_argument("--enable-metrics", action="store_true", help="serve Prometheus metrics at /metrics")
     g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    g.add_argument("--stream-interval", type=int, default=1,
+                   help="a stream's first token goes out at once, then tokens go out once this many are "
+                   "unsent (and with the end)")  # fmt: skip
     g.add_argument("--watchdog-timeout", type=float, default=300.0,
                    help="/health: 503 after this long without a step while work is pending")  # fmt: skip
     add_kvadmit_serve_flags(p)
@@ -71,6 +79,23 @@ def run(ns: argparse.Namespace) -> int:
     from kvadmit.server.main import serve
 
     ns.startup_notes = check_sglang_flags(ns)
+    ns.startup_notes += device_notes(ns.device, ns.simulate is not None)
     args = server_args_from(ns)
     ns.startup_notes.append(loop_line(args))
     return serve(ns, args)
+
+
+def device_notes(device: str, simulated: bool) -> list[str]:
+    """--device: a device SGLang does not know is refused; under --simulate, where the device is the cost
+    model's, any other is a start-up note; a model runs on cpu or cuda only."""
+    if device == "auto":
+        return []
+    kind = device.split(":", 1)[0]
+    if kind not in SGLANG_DEVICES:
+        raise UsageError(f"--device {device}: SGLang 0.5.22 runs on " + ", ".join(SGLANG_DEVICES))
+    if simulated:
+        return [f"--device {device}: serve --simulate simulates the device (the cost model's); no effect"]
+    if kind not in MODEL_DEVICES:
+        raise UsageError(f"--device {device}: kvadmit runs a model on cuda or cpu (or simulates one with "
+                         "--simulate)")  # fmt: skip
+    return []

@@ -28,7 +28,7 @@ NO_EFFECT: tuple[str, ...] = (
     "file_storage_path", "enable_cache_report", "return_input_ids", "return_output_ids",
     "default_chat_template_kwargs", "strip_thinking_cache", "enable_strict_thinking", "tool_server",
     "sampling_defaults", "asr_max_buffer_seconds", "asr_max_concurrent_sessions",
-    "preferred_sampling_params", "stream_interval", "batch_notify_size",
+    "preferred_sampling_params", "batch_notify_size",
     "stream_response_default_include_usage", "incremental_streaming_output", "enable_streaming_session",
     "log_level_http", "log_requests", "log_requests_level", "log_requests_format", "log_requests_target",
     "uvicorn_access_log_exclude_prefixes", "crash_dump_folder", "show_time_cost", "smg_http_sidecar_port",

@@ -45,6 +45,7 @@ IMPLEMENTED: dict[str, str] = {
     "log_level": "--log-level",
     "enable_metrics": "--enable-metrics",
     "decode_log_interval": "--decode-log-interval",
+    "stream_interval": "--stream-interval",
     "disable_overlap_schedule": "--disable-overlap-schedule",
     "enable_mixed_chunk": "--enable-mixed-chunk",
     "config": "--config",

@@ -54,20 +54,41 @@ class Tokens:
 
 
 class Stream:
-    """One request's channel from the engine thread to its handler: Tokens, then one Finished."""
+    """One request's channel from the engine thread to its handler: Tokens, then one Finished. The handler
+    takes everything that arrived since it last looked in one go (one wait, however many steps)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        self._queue: asyncio.Queue[Tokens | Finished] = asyncio.Queue()
+        self._items: list[Tokens | Finished] = []
+        self._waiter: asyncio.Future[None] | None = None
 
     def put(self, item: Tokens | Finished) -> None:  # any thread
-        self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+        self._loop.call_soon_threadsafe(self._push, item)
 
-    async def get(self, timeout: float) -> Tokens | Finished | None:
-        try:
-            return await asyncio.wait_for(self._queue.get(), timeout)
-        except asyncio.TimeoutError:
-            return None
+    def _push(self, item: Tokens | Finished) -> None:  # the event loop's thread
+        self._items.append(item)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def take(self, timeout: float) -> list[Tokens | Finished]:
+        """What arrived since the last take, in order, waiting up to timeout seconds for something ([] if
+        nothing came). One future and one timer per wait: no task per token, as asyncio.wait_for makes."""
+        if not self._items:
+            waiter = self._waiter = self._loop.create_future()
+            timer = self._loop.call_later(timeout, _wake, waiter)
+            try:
+                await waiter
+            finally:
+                timer.cancel()
+                self._waiter = None
+        items, self._items = self._items, []
+        return items
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 class Outbox:
@@ -94,7 +115,7 @@ class Outbox:
 
 def _deliver(batch: list[tuple[Stream, Tokens | Finished]]) -> None:
     for stream, item in batch:
-        stream._queue.put_nowait(item)
+        stream._push(item)
 
 
 @dataclass(slots=True)
@@ -110,6 +131,7 @@ class Job:
     stream_tokens: bool = True  # False: all tokens come with the end (a non-streaming request)
     return_logprob: bool = False  # the tokens come with their log probabilities
     top_logprobs_num: int = 0  # and those of the most likely tokens at each step
+    stream_interval: int | None = None  # sampling_params.stream_interval (None: the server's)
     received: float = field(default_factory=time.monotonic)  # when its HTTP request reached the app
     handed: float = 0.0  # when the HTTP side handed it to the engine thread (submit)
 

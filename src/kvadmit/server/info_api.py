@@ -45,7 +45,7 @@ def router(state: ServerState) -> APIRouter:
             "world_size": 1,  # tp_size × pp_size × dp_size
             "startup_time": state.scheduler_info.get("startup_time"),
             "effective_max_running_requests_per_dp": s.max_running_requests,
-            "last_gen_throughput": state.load.gen_throughput,
+            "last_gen_throughput": state.load.last_gen_throughput,
             **runner.internal_state(),
         }
 

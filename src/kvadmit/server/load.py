@@ -32,18 +32,31 @@ DISAGG_QUEUES = ("prefill_bootstrap_queue_reqs", "prefill_inflight_queue_reqs", 
                  "decode_transfer_queue_reqs", "decode_retracted_queue_reqs")  # fmt: skip
 
 
-class LoadCounters:
-    """What the load snapshot accumulates between polls (engine thread only)."""
+GEN_THROUGHPUT_STALE_S = 30.0  # GEN_THROUGHPUT_STALENESS_SECONDS: a decode window older than this reads 0
 
-    def __init__(self) -> None:
-        self.gen_throughput = 0.0  # tokens/s over the last decode report's interval, as SGLang's stats
-        self.cache_hit_rate = 0.0  # the last prefill batch's hit tokens / (hit + computed)
+
+class LoadCounters:
+    """What the load snapshot accumulates between polls (engine thread only).
+
+    As in 0.5.22, the snapshot's `gen_throughput` and `cache_hit_rate` are the scheduler's metric stats,
+    which it updates only under --enable-metrics (`metrics_on`); without it they stay 0. With it:
+    `gen_throughput` is the last decode report's window (tokens since the previous report over the time
+    since it, the first window counted from the start), refreshed at each prefill report and 0 once
+    that window is 30 s old, and 0 while the scheduler is idle; `cache_hit_rate` is the last prefill
+    report's, 0 for a report with no tokens. `last_gen_throughput` (/server_info) is the window itself,
+    with or without metrics."""
+
+    def __init__(self, metrics_on: bool = True, started: float | None = None) -> None:
+        self.metrics_on = metrics_on
+        self.last_gen_throughput = 0.0  # the last decode report's window (tokens/s)
+        self.gen_throughput = 0.0  # the stats' value (metrics on)
+        self.cache_hit_rate = 0.0  # the last prefill report's hit tokens / (hit + computed) (metrics on)
         self.last_retracted = 0  # requests retracted since the previous report (SGLang's stats)
         self.total_prefill_uncached_tokens = 0
         self.total_prefill_busy_us = 0
         # decode steps, Σ batch size, Σ step µs, Σ batch size², Σ batch size × step µs, Σ tokens generated
         self.decode_moments = [0.0] * 6
-        self._last_decode_report: float | None = None
+        self._last_decode_report = time.time() if started is None else started
         self._prefills: deque[tuple[float, int, int]] = deque()  # (monotonic time, hit tokens, all tokens)
 
     def recent_hit_rate(self, now: float) -> float:
@@ -62,14 +75,21 @@ class LoadCounters:
         if isinstance(event, Retraction):
             self.last_retracted = len(event.rids)
         elif isinstance(event, PrefillBatchStats):
+            if not self.metrics_on:
+                return
             total = event.hit_tokens_for_rate + event.input_tokens_for_rate
+            self.cache_hit_rate = event.hit_tokens_for_rate / total if total else 0.0
             if total:
-                self.cache_hit_rate = event.hit_tokens_for_rate / total
                 self._prefills.append((time.monotonic(), event.hit_tokens_for_rate, total))
+            if now - self._last_decode_report > GEN_THROUGHPUT_STALE_S:
+                self.last_gen_throughput = 0.0
+            self.gen_throughput = self.last_gen_throughput
         elif isinstance(event, DecodeBatchStats):
-            if self._last_decode_report is not None and now > self._last_decode_report:
-                self.gen_throughput = event.generated_tokens / (now - self._last_decode_report)
+            gap = now - self._last_decode_report
             self._last_decode_report = now
+            self.last_gen_throughput = event.generated_tokens / gap if gap > 0 else 0.0
+            if self.metrics_on:
+                self.gen_throughput = self.last_gen_throughput
 
     def on_step(self, batch: ScheduledBatch, result: StepResult, now: float) -> None:
         step_us = int(result.seconds * 1e6)
@@ -105,6 +125,8 @@ def load_snapshot(s: Scheduler, counters: LoadCounters) -> dict[str, Any]:
     if s.chunked_req is not None:
         uncached += max(0, s.chunked_req.seqlen - s.chunked_req.prefix_len)
     moments = counters.decode_moments
+    if not s.running.reqs and not s.waiting and s.chunked_req is None:
+        counters.gen_throughput = 0.0  # SGLang's idle pass zeroes the stats' throughput
     return {
         "timestamp": time.time(),
         "dp_rank": 0,

@@ -61,7 +61,11 @@ def native_sampling(sp: dict[str, Any]) -> Sampling:
     skip = sp.get("skip_special_tokens", True)
     if not isinstance(skip, bool):
         raise APIError("skip_special_tokens must be true or false", param="skip_special_tokens")
-    return Sampling(limits, params, stop_list(sp.get("stop"), "stop"), skip)
+    interval = sp.get("stream_interval")
+    if interval is not None and (isinstance(interval, bool) or not isinstance(interval, int) or interval < 0):
+        raise APIError("sampling_params.stream_interval must be a whole number ≥ 0",
+                       param="sampling_params.stream_interval")  # fmt: skip
+    return Sampling(limits, params, stop_list(sp.get("stop"), "stop"), skip, stream_interval=interval)
 
 
 def per_prompt_sampling(sp: dict[str, Any] | list[dict[str, Any]] | None, n: int) -> list[Sampling]:

@@ -21,6 +21,7 @@ NATIVE_SAMPLING_KEYS = {
     "max_new_tokens", "temperature", "top_p", "top_k", "min_p", "stop", "stop_token_ids", "ignore_eos",
     "min_new_tokens", "sampling_seed", "skip_special_tokens", "n", "frequency_penalty",
     "presence_penalty", "repetition_penalty", "no_stop_trim", "spaces_between_special_tokens",
+    "stream_interval",
 }  # fmt: skip
 
 

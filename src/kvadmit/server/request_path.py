@@ -38,6 +38,7 @@ class Sampling:
     return_logprob: bool = False  # each output token's log probability (a real model only)
     text_in_logprobs: bool = False  # each with its text
     top_logprobs_num: int = 0  # with return_logprob: also the most likely tokens' at each step
+    stream_interval: int | None = None  # a stream's tokens go out every this many (None: the server's)
 
 
 @dataclass(slots=True)
@@ -125,6 +126,7 @@ def _session(
         skip_special_tokens=sampling.skip_special_tokens, streaming=stream,
         is_disconnected=request.is_disconnected, rid=rid, received=getattr(request.state, "received", None),
         return_logprob=sampling.return_logprob, top_logprobs_num=sampling.top_logprobs_num,
+        stream_interval=sampling.stream_interval,
     )  # fmt: skip
 
 

@@ -66,8 +66,10 @@ class EngineRunner:
         watchdog_timeout: float = 300.0,
         request_trace: TraceFile | None = None,
         step_trace: TraceFile | None = None,
+        stream_interval: int = 1,
     ) -> None:
         self.backend = backend
+        self.stream_interval = stream_interval  # --stream-interval
         self.request_trace = request_trace
         self.step_trace = step_trace
         self.started = time.monotonic()  # the traces' times: never out of receipt order
@@ -278,7 +280,11 @@ class EngineRunner:
                 continue
             if live.first_token_time is None and req.output_ids:
                 live.first_token_time = now
-            if live.job.stream_tokens and len(req.output_ids) > live.sent:
+            unsent = len(req.output_ids) - live.sent
+            # SGLang's stream interval: the first token at once, then once `interval` tokens are unsent
+            # (the rest comes with the end, on_finish)
+            interval = live.job.stream_interval or self.stream_interval
+            if live.job.stream_tokens and unsent > 0 and (live.sent == 0 or unsent >= interval):
                 self._outbox.put(live.job.stream, self._tokens(live))
                 live.sent = len(req.output_ids)
 
@@ -362,7 +368,7 @@ class EngineRunner:
             "new_token_ratio": s.ratio.current,
             "max_running_requests": s.max_running_requests,
             "context_len": s.context_len,
-            "chunked_prefill_size": s.chunked_prefill_size,
+            "chunked_prefill_size": s.chunked_prefill_size or -1,  # SGLang's -1: chunking off
             "page_size": s.page_size,
             "steps": self.steps,
         }

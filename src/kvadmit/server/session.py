@@ -87,6 +87,7 @@ class Session:
         received: float | None = None,  # monotonic time the HTTP request reached the app
         return_logprob: bool = False,
         top_logprobs_num: int = 0,
+        stream_interval: int | None = None,
     ) -> None:
         import asyncio
 
@@ -99,7 +100,8 @@ class Session:
         self.stream = Stream(asyncio.get_running_loop())
         self.job = Job(self.rid, input_ids, limits, params, self.stream, stops, stream_tokens=streaming,
                        received=received if received is not None else time.monotonic(),
-                       return_logprob=return_logprob, top_logprobs_num=top_logprobs_num)  # fmt: skip
+                       return_logprob=return_logprob, top_logprobs_num=top_logprobs_num,
+                       stream_interval=stream_interval)  # fmt: skip
         self.text = TextAssembler(runner.backend.tokenizer, stops, skip_special_tokens)
         self.output_ids: list[int] = []
         self.cached_tokens = 0  # as the engine last reported them (known once the prompt was prefilled)
@@ -119,32 +121,38 @@ class Session:
         self._recorded = False  # request-side metrics are taken once, at the first end seen
 
     async def events(self) -> AsyncIterator[Delta | Outcome]:
-        """Deltas as tokens arrive, then the Outcome. If the consumer stops early (the client went away)
-        or the client disconnects while waiting, the request is aborted in the engine."""
+        """A Delta for each step's tokens, then the Outcome; the last step's tokens, which arrive with the
+        end, come in the Outcome (SGLang sends them in its last chunk). If the consumer stops early (the
+        client went away) or the client disconnects while waiting, the request is aborted in the engine."""
         self.runner.submit(self.job)
         self.dispatched_wall = time.time()
         try:
             while True:
-                item = await self.stream.get(POLL_S)
-                if item is None:
-                    if await self.is_disconnected():
-                        return
-                    continue
-                if isinstance(item, Finished):
-                    self.outcome = self._finish(item)
-                    yield self.outcome
+                items = await self.stream.take(POLL_S)
+                if not items and await self.is_disconnected():
                     return
-                if self.streaming:  # (a non-streaming request's tokens all come with its end)
-                    now = time.perf_counter()
-                    if self.ttft is None:
-                        self.ttft = now - self.start
-                    elif self._last_token_at is not None:
-                        self._itls.append(now - self._last_token_at)
-                    self._last_token_at = now
-                self._progress(item)
-                yield Delta(self.text.add(item.ids), item.ids)
+                for i, item in enumerate(items):
+                    if isinstance(item, Finished):
+                        self.outcome = self._finish(item)
+                        yield self.outcome
+                        return
+                    self._arrived(item)
+                    if i + 1 < len(items) and isinstance(items[i + 1], Finished):
+                        self.text.detok.add(item.ids)  # their text: in the Outcome's final_delta
+                        continue
+                    yield Delta(self.text.add(item.ids), item.ids)
         finally:
             self.close()
+
+    def _arrived(self, tokens: Tokens) -> None:
+        if self.streaming:  # (a non-streaming request's tokens all come with its end)
+            now = time.perf_counter()
+            if self.ttft is None:
+                self.ttft = now - self.start
+            elif self._last_token_at is not None:
+                self._itls.append(now - self._last_token_at)
+            self._last_token_at = now
+        self._progress(tokens)
 
     def _progress(self, tokens: Tokens) -> None:
         if self.first_output_wall is None:

@@ -5,10 +5,10 @@ request still gets its proper status code (the OpenAI routes; /generate's stream
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator
 from typing import Any
 
+import orjson
 from fastapi.responses import StreamingResponse
 
 from kvadmit.server.errors import APIError, error_body
@@ -16,7 +16,9 @@ from kvadmit.server.session import Delta, Outcome, Session
 
 
 def sse(obj: Any) -> bytes:
-    return b"data: " + json.dumps(obj, ensure_ascii=False).encode() + b"\n\n"
+    """One event, its JSON as SGLang writes it (orjson: compact, UTF-8, non-string keys allowed; a
+    non-finite float is null)."""
+    return b"data: " + orjson.dumps(obj, option=orjson.OPT_NON_STR_KEYS) + b"\n\n"
 
 
 DONE = b"data: [DONE]\n\n"
