@@ -130,3 +130,14 @@ def test_forced_retraction_never_leaps(monkeypatch: pytest.MonkeyPatch) -> None:
     leapt = _outputs(cfg, 1)
     assert counter.rounds == 0
     assert leapt == _outputs(dataclasses.replace(cfg, leaps=False), 1)
+
+
+def test_no_leaps_flag() -> None:
+    """`--no-leaps` (simulate and sweep) turns leaps off; they are on by default."""
+    from kvadmit.cli import build_parser
+    from kvadmit.cli.simulate import simulate_config
+
+    base = ["simulate", "--max-total-tokens", "1000"]
+    assert simulate_config(build_parser().parse_args(base)).leaps is True
+    assert simulate_config(build_parser().parse_args([*base, "--no-leaps"])).leaps is False
+    assert build_parser().parse_args(["sweep", "--max-total-tokens", "1000", "--no-leaps"]).no_leaps
