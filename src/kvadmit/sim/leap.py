@@ -61,9 +61,11 @@ class Leaper:
         self.members: set[int] | None = None  # ids of the running requests (built when first needed)
         self.text: list[int] = []  # a quiet step's tokens
         self.batch: ScheduledBatch | None = None  # non-overlap: the batch every quiet step reports
+        self.spare: ScheduledBatch | None = None  # overlap: a batch of ours whose result was processed
         self.pending_quiet = False  # overlap: the result in flight has no stop token
         self.above_rounds = 0  # steps before a request above the reservation clip could drop to it
         self.rounds = 0  # quiet steps since armed
+        self.total = 0  # quiet steps run
         self.tokens_owed = 0  # quiet steps whose token each running request has not been given yet
         self.kv_owed = 0  # quiet steps whose slot each running request has not been given yet
         self.slots = s.pool.alloc_decode(0)  # page size 1: the owed slots, step after step, B a step
@@ -101,6 +103,7 @@ class Leaper:
         self.members = None
         self.text = [TEXT_TOKEN_ID] * len(self.reqs)
         self.batch = None if self.overlap else self._decode_batch()
+        self.spare = None
         self.rounds = 0
         if self.page > 1:
             self._group_by_page_room()
@@ -121,24 +124,34 @@ class Leaper:
         self.pages = {}
 
     # ----- one quiet step ---------------------------------------------------------------------------
-    def _quiet(self, bound: float) -> bool:
-        """Is the next step quiet? (Checked at its start, after the requests due by now were handed over.)"""
+    def _rounds_allowed(self, max_rounds: int) -> int:
+        """How many of the next steps may be quiet as far as what cannot change during a leap call says:
+        nothing reached the engine that makes a pass admit, retract or end a request; page size 1: every
+        step's slots are free without eviction; no request above the reservation clip drops to it."""
         s, run = self.sched, self.run
         assert run is not None
-        if self.clock.now() >= bound or s.running is not run or s._abort_rids:
-            return False
+        if s.running is not run or s._abort_rids or (self.overlap and not self.pending_quiet):
+            return 0
         if s.waiting and not (run.batch_is_full and not s.prio.preemption):
-            return False  # an admission pass would run
-        if s.pool.available_size() < len(self.reqs) * self.page:
-            return False  # no eviction, no retraction: every request's slot (page) is free
-        if self.rounds + 1 >= self.above_rounds:
-            return False
-        if self.overlap and not self.pending_quiet:
-            return False
+            return 0  # an admission pass would run
+        n = len(self.reqs)
+        allowed = min(max_rounds, self.above_rounds - self.rounds - 1)
+        if self.page == 1:  # step r (from 0) starts with available − r·n slots free and needs n
+            allowed = min(allowed, s.pool.available_size() // n)
+        return allowed
+
+    def _round_quiet(self, bound: float) -> bool:
+        """The checks that change from step to step, at the step's start."""
+        if self.clock.t >= bound:
+            return False  # a request reaches the engine first
+        if self.page > 1 and self.sched.pool.available_size() < len(self.reqs) * self.page:
+            return False  # alloc_decode_slots would evict (it asks for a page per request)
         if not self.overlap and self.executor.eos_due():
             return False
-        due = run._due
-        return not (due and due[0][0] <= run._steps + _HORIZON and self._live_due(run._steps + _HORIZON))
+        run = self.run
+        assert run is not None
+        due, horizon = run._due, run._steps + _HORIZON
+        return not (due and due[0][0] <= horizon and self._live_due(horizon))
 
     def _live_due(self, bound: int) -> bool:
         """Does a running request have a length-due entry at or before step `bound`? (Entries of requests
@@ -164,8 +177,10 @@ class Leaper:
         ratio decays, every running request gets a slot (SGLang's prepare_for_decode)."""
         s, run = self.sched, self.run
         assert run is not None
-        s._dropped_finishing = s._dropped_finishing and []
-        s._left_in_pass = s._left_in_pass and []
+        if s._dropped_finishing:
+            s._dropped_finishing = []
+        if s._left_in_pass:
+            s._left_in_pass = []
         if s.prio.preemption:
             run.batch_is_full = False  # run_admission's first line; the queue is empty
         s.ratio.decay_step()
@@ -221,7 +236,13 @@ class Leaper:
         s, eng = self.sched, self.engine
         assert eng.pending is not None and self.run is not None
         self._pass()
-        batch = self._decode_batch()
+        # two batch objects take turns: the one in flight and the one being scheduled
+        batch = self.spare if self.spare is not None and self.spare is not eng.pending[0] else None
+        if batch is None:
+            batch = self._decode_batch()
+        else:
+            batch.kv_tokens = self.run.kv_tokens
+        self.spare = eng.pending[0] if eng.pending[0].reqs is self.reqs else None
         s.last_batch = batch
         batch.finish_stamp = s._finish_count
         s.in_flight = batch
@@ -246,12 +267,15 @@ class Leaper:
             return 0
         if not self.armed and not self._arm():
             return 0
-        done = 0
+        done, allowed = 0, self._rounds_allowed(max_rounds)
         step = self._step_overlap if self.overlap else self._step_plain
-        while done < max_rounds and self._quiet(bound):
+        while done < allowed and self._round_quiet(bound):
             step()
             done += 1
-            self.rounds += 1
+            if self.overlap and not self.pending_quiet:
+                break  # its result ends a request
+        self.rounds += done
+        self.total += done
         if done == 0:
             self.settle()
         return done
@@ -263,6 +287,7 @@ class Leaper:
             self.armed = False
             self.run = None
             self.batch = None
+            self.spare = None
             self.reqs, self.kvs, self.outs = [], [], []
 
     def _flush(self) -> None:
@@ -276,7 +301,7 @@ class Leaper:
             return
         if self.page == 1:
             slots = self.slots  # step k gave request i slots[k·B + i]
-            deque(map(array.extend, self.kvs, (slots[i::b] for i in range(b))), maxlen=0)
+            deque(map(array.extend, self.kvs, [slots[i::b] for i in range(b)]), maxlen=0)
             self.slots = slots[:0]
         else:
             self._flush_pages()

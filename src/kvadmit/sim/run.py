@@ -70,6 +70,7 @@ class SimResult:
     steps: int
     scheduler: Scheduler
     finished_rids: list[str] = field(default_factory=list)
+    leapt: int = 0  # of the steps, those run as leaps (quiet steps, sim/leap.py)
 
 
 def simulate(
@@ -177,7 +178,9 @@ def _simulate(
         if rng is not None and cfg.request_rate != float("inf"):
             arrival += float(rng.exponential(1.0 / cfg.request_rate))
     run_until_idle()
-    return _finish(cfg, specs, outcomes, client, start, request_trace, retractions.count, steps, scheduler)
+    result = _finish(cfg, specs, outcomes, client, start, request_trace, retractions.count, steps, scheduler)
+    result.leapt = leaper.total if leaper is not None else 0
+    return result
 
 
 class _RetractionCount:
