@@ -130,24 +130,7 @@ def _simulate(
 
     def run_until_idle() -> None:
         nonlocal steps
-        while True:
-            client.send_due()
-            if leaper is not None:
-                nxt = client.next_arrival()
-                ran = leaper.leap(INF if nxt is None else nxt)
-                if ran:
-                    steps += ran
-                    continue
-            if engine.step():
-                steps += 1
-                continue
-            nxt = client.next_arrival()
-            if nxt is not None:
-                clock.advance_to(nxt)
-                continue
-            if client.flights:
-                raise SimulationStalled(f"{len(client.flights)} requests in flight, nothing to run")
-            return
+        steps += _run_until_idle(engine, client, clock, leaper)
 
     if cfg.replay is not None and cfg.replay_by_step:
         outcomes = [RequestOutcome(prompt_len=s.prompt_len) for s in specs]
@@ -181,6 +164,30 @@ def _simulate(
     result = _finish(cfg, specs, outcomes, client, start, request_trace, retractions.count, steps, scheduler)
     result.leapt = leaper.total if leaper is not None else 0
     return result
+
+
+def _run_until_idle(engine: Engine, client: SimClient, clock: VirtualClock, leaper: Leaper | None) -> int:
+    """Send requests as they come due and run steps (quiet ones as leaps) until all have ended; the
+    steps run."""
+    steps = 0
+    while True:
+        client.send_due()
+        if leaper is not None:
+            nxt = client.next_arrival()
+            ran = leaper.leap(INF if nxt is None else nxt)
+            if ran:
+                steps += ran
+                continue
+        if engine.step():
+            steps += 1
+            continue
+        nxt = client.next_arrival()
+        if nxt is not None:
+            clock.advance_to(nxt)
+            continue
+        if client.flights:
+            raise SimulationStalled(f"{len(client.flights)} requests in flight, nothing to run")
+        return steps
 
 
 class _RetractionCount:
