@@ -1,7 +1,8 @@
 """Leaps (sim/leap.py) change nothing but speed: over a grid of settings (both loops, page sizes 1 and 16,
-chunked prefill, early stops and ignore_eos, pools small enough to retract, priorities, mixed chunks, one
-and four replicas, decode log intervals 1 and 40), the SGLang log, the request trace and the step trace
-are byte-identical with and without them, and the run took as many steps. Each setting is also checked
+chunked prefill, early stops and ignore_eos, pools small enough to retract, priorities, mixed chunks, a
+concurrency limit with request latency, SGLang 0.5.23's rules, the other admission policies, one and four
+replicas, decode log intervals 1 and 40), the SGLang log, the request trace and the step trace are
+byte-identical with and without them, and the run took as many steps. Each setting is also checked
 to have leapt at all where its workload has quiet steps, so the comparison is not vacuous."""
 
 from __future__ import annotations
@@ -61,6 +62,8 @@ def _config(seed: int, overlap: bool, page: int, variant: str, log_interval: int
         enable_mixed_chunk=variant == "mixed",
         enable_priority_scheduling=variant == "priority",
         schedule_conservativeness=0.3 if variant == "retract" else 1.0,
+        sglang_version="0.5.23" if variant == "v0.5.23" else "0.5.22",
+        admission_policy=variant if variant in ("optimistic", "reserve-all") else "sglang",
     )
     workload = WorkloadSpec(
         num_prompts=48,
@@ -76,16 +79,22 @@ def _config(seed: int, overlap: bool, page: int, variant: str, log_interval: int
         workload=workload,
         cost=CostModel.simple(decode_step_ms=20.0, prefill_tokens_per_s=20_000.0),
         request_rate=8.0 if variant != "burst" else float("inf"),
-        max_concurrency=12 if variant == "burst" else None,
+        max_concurrency=12 if variant in ("burst", "latency") else None,
         warmup_requests=1,
+        request_latency_s=0.005 if variant == "latency" else 0.0,
     )
 
 
-VARIANTS = ("plain", "ignore_eos", "chunked", "mixed", "retract", "priority", "burst")
+VARIANTS = ("plain", "ignore_eos", "chunked", "mixed", "retract", "priority", "burst", "latency", "v0.5.23",
+            "optimistic", "reserve-all")  # fmt: skip
+# (page size, decode log interval): two pairings for every variant, the other two for a few
+PAGES_AND_INTERVALS = {v: [(1, 40), (16, 1)] for v in VARIANTS}
+for v in ("plain", "retract", "mixed", "burst"):
+    PAGES_AND_INTERVALS[v] += [(1, 1), (16, 40)]
 GRID = [
     (seed, overlap, page, variant, interval)
-    for seed, (overlap, page, variant, interval) in enumerate(
-        itertools.product((True, False), (1, 16), VARIANTS, (40, 1))
+    for seed, (overlap, (variant, page, interval)) in enumerate(
+        itertools.product((True, False), [(v, p, i) for v in VARIANTS for p, i in PAGES_AND_INTERVALS[v]])
     )
 ]
 
