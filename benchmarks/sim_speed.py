@@ -29,6 +29,7 @@ import datetime as dt
 import os
 import platform
 import time
+from collections.abc import Callable
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # one core
 
@@ -37,6 +38,7 @@ from kvadmit.config import ServerArgs
 from kvadmit.costmodel.costmodel import CostModel
 from kvadmit.fleet.driver import FleetSpec, simulate_fleet
 from kvadmit.fleet.router import RouterSettings
+from kvadmit.scheduler.events import Event
 from kvadmit.sim.run import SimConfig, simulate
 from machine import cpu_model, publish
 
@@ -68,13 +70,30 @@ def config(n: int, leaps: bool, sparse: bool = False) -> SimConfig:
     )
 
 
-def timed(label: str, cfg: SimConfig, replicas: int = 1) -> dict[str, object]:
+def progress_writer(path: str | None) -> tuple[Callable[[Event, float], None], ...]:
+    """--progress FILE: a line (CPU s, simulated s) each simulated minute, for a run too long to wait for."""
+    if path is None:
+        return ()
+    mark = [60.0]
+    cpu0 = time.process_time()
+
+    def note(event: Event, now: float) -> None:
+        if now >= mark[0]:
+            mark[0] = now + 60.0
+            with open(path, "a", encoding="utf-8") as f:
+                f.write(f"{time.process_time() - cpu0:.1f} CPU s: {now:,.0f} simulated s\n")
+
+    return (note,)
+
+
+def timed(label: str, cfg: SimConfig, replicas: int = 1, progress: str | None = None) -> dict[str, object]:
     cpu = time.process_time()
     t = time.perf_counter()
     if replicas == 1:
         result = simulate(cfg)
     else:
-        result = simulate_fleet(cfg, FleetSpec(replicas, RouterSettings("round_robin"))).sim
+        spec = FleetSpec(replicas, RouterSettings("round_robin"))
+        result = simulate_fleet(cfg, spec, watch_events=progress_writer(progress)).sim
     wall = time.perf_counter() - t
     cpu = time.process_time() - cpu
     m = result.metrics
@@ -114,6 +133,7 @@ def main() -> None:
     ap.add_argument("--fleet-requests", type=int, default=1_000_000, help="0: no fleet run")
     ap.add_argument("--fleet-replicas", type=int, default=16)
     ap.add_argument("--fleet-compare", type=int, default=100_000, help="fleet requests run both ways")
+    ap.add_argument("--progress", metavar="FILE", help="the fleet run's progress, each simulated minute")
     ap.add_argument("--output", default=os.path.join(os.path.dirname(__file__), "sim_speed.txt"))
     ns = ap.parse_args()
     load_before = os.getloadavg()[0]
@@ -132,7 +152,7 @@ def main() -> None:
         pairs.append((timed(label, config(ns.fleet_compare, True), k),
                       timed(label, config(ns.fleet_compare, False), k)))  # fmt: skip
     if ns.fleet_requests:
-        fleet.append(timed(f"{k} replicas, round_robin", config(ns.fleet_requests, True), k))
+        fleet.append(timed(f"{k} replicas, round_robin", config(ns.fleet_requests, True), k, ns.progress))
     load_after = os.getloadavg()[0]
     lines = [
         "# benchmarks/sim_speed.py: kvadmit simulate, full SGLang semantics, leaps against --no-leaps",
