@@ -76,31 +76,38 @@ class Leaper:
     def _arm(self) -> bool:
         s, eng = self.sched, self.engine
         run = s.running
+        self.members = None
         if s.chunked_req is not None or s._finished_positions or s._abort_rids or not run.reqs:
             return False
-        if TEXT_TOKEN_ID in s._stop_token_union:
-            return False
+        if s.waiting and not (run.batch_is_full and not s.prio.preemption):
+            return False  # (the cheap checks first: most steps of a busy run fail one of them)
         last = s.last_batch
-        if last is None or last.kind != "decode":
+        if last is None or last.kind != "decode" or TEXT_TOKEN_ID in s._stop_token_union:
             return False
         if self.overlap:
             pending = eng.pending
             if pending is None or pending[0] is not last or s.in_flight is not last:
                 return False
+            if self.executor.eos_due() or last.finish_stamp != s._finish_count:
+                return False
             # its result must take the fast path (the same requests, none ended since) and end none
-            if last.finish_stamp != s._finish_count or last.reqs != run.reqs:
+            if last.reqs != run.reqs or s._stop_positions(pending[1].next_token_ids):
                 return False
-            self.pending_quiet = not s._stop_positions(pending[1].next_token_ids)
-            if not self.pending_quiet:
-                return False
-        elif eng.pending is not None or s.in_flight is not None:
+            self.pending_quiet = True
+        elif eng.pending is not None or s.in_flight is not None or self.executor.eos_due():
+            return False
+        self.run = run
+        due = run._due
+        if due and due[0][0] <= run._steps + _HORIZON and self._live_due(run._steps + _HORIZON):
+            self.run = None
             return False
         self.above_rounds = min(
             (r.max_new_tokens - len(r.output_ids) - run.clip for r in run._above), default=1 << 62
         )
-        self.run = run
-        self.reqs, self.kvs, self.outs = list(run.reqs), list(run.kvs), list(run.outs)
-        self.members = None
+        if last.reqs == run.reqs and last.kvs is not None and last.outs is not None:
+            self.reqs, self.kvs, self.outs = last.reqs, last.kvs, last.outs  # the batch's own copies
+        else:
+            self.reqs, self.kvs, self.outs = list(run.reqs), list(run.kvs), list(run.outs)
         self.text = [TEXT_TOKEN_ID] * len(self.reqs)
         self.batch = None if self.overlap else self._decode_batch()
         self.spare = None
@@ -160,7 +167,7 @@ class Leaper:
         assert run is not None
         due = run._due
         if self.members is None:
-            self.members = set(map(id, self.reqs))
+            self.members = set(map(id, run.reqs))  # (armed: the same requests as self.reqs)
         stack = [0]
         while stack:
             i = stack.pop()
