@@ -74,7 +74,7 @@ def main() -> None:
         )
     load_after = os.getloadavg()[0]
     lines = [
-        "# benchmarks/fleet_speed.py: kvadmit simulate --replicas N --router POLICY, step by step",
+        "# benchmarks/fleet_speed.py: kvadmit simulate --replicas N --router POLICY (leaps on, the default)",
         f"date: {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC",
         f"machine: {cpu_model()}, {os.cpu_count()} cores (one used, shared with other jobs); "
         f"Python {platform.python_version()}",

@@ -259,6 +259,12 @@ def add_simulate_flags(p: argparse.ArgumentParser) -> None:
     add_policy_flag(p)
     add_workload_flags(p)
     add_cost_model_flags(p)
+    p.add_argument(
+        "--no-leaps",
+        action="store_true",
+        help="step every uneventful decode step one by one instead of running it as a leap (the output "
+        "is byte-identical either way; for checking that, and for timing)",
+    )
 
 
 def check_load_flags(ns: argparse.Namespace) -> None:

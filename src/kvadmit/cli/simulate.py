@@ -105,6 +105,7 @@ def simulate_config(ns: argparse.Namespace) -> SimConfig:
         replay=replay,
         request_latency_s=ns.request_latency_ms / 1000,
         replay_by_step=by_step,
+        leaps=not getattr(ns, "no_leaps", False),
     )
 
 

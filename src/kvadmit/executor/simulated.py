@@ -41,6 +41,20 @@ class SimulatedExecutor:
             kv = batch.kv_tokens if batch.kv_tokens >= 0 else sum(map(len, map(_KV, batch.reqs)))
         return StepResult(tokens, self.cost.decode.seconds(len(batch.reqs), kv))
 
+    def eos_due(self) -> bool:
+        """Does the next decode step end a request (an EOS filed for it that still counts)?"""
+        return any(
+            req.retraction_count == retractions and req.finished_reason is None
+            for req, retractions in self._due.get(self._decode_steps, ())
+        )
+
+    def quiet_decode(self, batch_size: int, kv_tokens: int) -> float:
+        """A decode step of `batch_size` requests holding `kv_tokens` that ends none (eos_due() is False;
+        sim/leap.py): what run() does with it, without the batch: its step counted, its time."""
+        self._due.pop(self._decode_steps, None)  # entries left by requests that ended or were retracted
+        self._decode_steps += 1
+        return self.cost.decode.seconds(batch_size, kv_tokens if self.cost.decode.needs_kv_tokens else 0)
+
     def _decode_tokens(self, reqs: list[Req]) -> list[int]:
         """One decode step's tokens (a decode batch, or a mixed chunk's decode rows): EOS where it is due."""
         step = self._decode_steps

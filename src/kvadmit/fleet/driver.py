@@ -255,5 +255,6 @@ class _Fleet:
             steps=sum(r.steps for r in self.replicas),
             scheduler=self.replicas[0].scheduler,
             finished_rids=[rid for r in self.replicas for rid in r.client.finished_rids],
+            leapt=sum(r.leaper.total for r in self.replicas if r.leaper is not None),
         )
         return FleetResult(sim, self.replicas, routed)

@@ -19,6 +19,7 @@ from kvadmit.request import Req
 from kvadmit.scheduler.events import Event
 from kvadmit.scheduler.scheduler import ScheduledBatch, Scheduler
 from kvadmit.sim.client import SimClient
+from kvadmit.sim.leap import Leaper
 from kvadmit.sim.run import SimConfig, _log_writer, _RetractionCount
 
 
@@ -64,6 +65,8 @@ class Replica:
             steps.append(self._tracer(step_trace, tagged))
         self.engine = Engine(self.scheduler, executor, self.clock, self, observers, steps)
         self.client.engine = self.engine
+        # One quiet step per STEP event (sim/leap.py), so the driver's events keep their order.
+        self.leaper = Leaper(self.engine, executor, self.clock) if cfg.leaps and not watch_steps else None
         self.inbox: deque[tuple[float, SimRequest, RequestOutcome | None, str, float]] = deque()
         self.waiting_wakeup = False  # idle, with no step scheduled: the next delivery wakes it
         self.ended: list[float] = []  # end times of requests not yet reported to the router
@@ -96,6 +99,9 @@ class Replica:
         while inbox and inbox[0][0] <= now:
             _, spec, outcome, rid, sent = inbox.popleft()
             self.client.send_now(spec, outcome, rid, sent)
+        if self.leaper is not None and self.leaper.leap(max_rounds=1):
+            self.steps += 1
+            return True
         ran = self.engine.step()
         self.steps += ran
         return ran

@@ -27,9 +27,11 @@ from kvadmit.observe.step_trace import step_row
 from kvadmit.scheduler.events import Event, Retraction
 from kvadmit.scheduler.scheduler import ScheduledBatch, Scheduler
 from kvadmit.sim.client import SimClient
+from kvadmit.sim.leap import Leaper
 from kvadmit.sim.replay import Replay
 
 DEFAULT_START = datetime(2026, 1, 1, tzinfo=timezone.utc)
+INF = float("inf")
 
 
 class WarmupFailed(RuntimeError):
@@ -55,6 +57,8 @@ class SimConfig:
     request_latency_s: float = 0.0  # from a client sending a request to the scheduler seeing it
     # Replay by step (replay.py): each request handed over right after the step it followed on the server.
     replay_by_step: bool = False
+    # Run uneventful decode steps as leaps (sim/leap.py): the same output, faster; False steps one by one.
+    leaps: bool = True
 
 
 @dataclass(slots=True)
@@ -66,6 +70,7 @@ class SimResult:
     steps: int
     scheduler: Scheduler
     finished_rids: list[str] = field(default_factory=list)
+    leapt: int = 0  # of the steps, those run as leaps (quiet steps, sim/leap.py)
 
 
 def simulate(
@@ -119,22 +124,13 @@ def _simulate(
         step_observers.append(_step_tracer(scheduler, step_trace))
     engine = Engine(scheduler, executor, clock, client, observers, step_observers)
     client.engine = engine
+    # Leaps need step observers that read no request's lengths (the trace's and the client's do not).
+    leaper = Leaper(engine, executor, clock) if cfg.leaps and not watch_steps else None
     steps = 0
 
     def run_until_idle() -> None:
         nonlocal steps
-        while True:
-            client.send_due()
-            if engine.step():
-                steps += 1
-                continue
-            nxt = client.next_arrival()
-            if nxt is not None:
-                clock.advance_to(nxt)
-                continue
-            if client.flights:
-                raise SimulationStalled(f"{len(client.flights)} requests in flight, nothing to run")
-            return
+        steps += _run_until_idle(engine, client, clock, leaper)
 
     if cfg.replay is not None and cfg.replay_by_step:
         outcomes = [RequestOutcome(prompt_len=s.prompt_len) for s in specs]
@@ -165,7 +161,33 @@ def _simulate(
         if rng is not None and cfg.request_rate != float("inf"):
             arrival += float(rng.exponential(1.0 / cfg.request_rate))
     run_until_idle()
-    return _finish(cfg, specs, outcomes, client, start, request_trace, retractions.count, steps, scheduler)
+    result = _finish(cfg, specs, outcomes, client, start, request_trace, retractions.count, steps, scheduler)
+    result.leapt = leaper.total if leaper is not None else 0
+    return result
+
+
+def _run_until_idle(engine: Engine, client: SimClient, clock: VirtualClock, leaper: Leaper | None) -> int:
+    """Send requests as they come due and run steps (quiet ones as leaps) until all have ended; the
+    steps run."""
+    steps = 0
+    while True:
+        client.send_due()
+        if leaper is not None:
+            nxt = client.next_arrival()
+            ran = leaper.leap(INF if nxt is None else nxt)
+            if ran:
+                steps += ran
+                continue
+        if engine.step():
+            steps += 1
+            continue
+        nxt = client.next_arrival()
+        if nxt is not None:
+            clock.advance_to(nxt)
+            continue
+        if client.flights:
+            raise SimulationStalled(f"{len(client.flights)} requests in flight, nothing to run")
+        return steps
 
 
 class _RetractionCount:
