@@ -157,24 +157,6 @@ class RadixCache:
             pos += n
         return MatchResult(value, node)
 
-    def touch_prefix(self, key: list[int]) -> None:
-        """Mark the cached path of `key` (page aligned) as just used, as a match would, without
-        splitting a node the path ends inside (SGLang's touch_prefix)."""
-        self._tick += 1
-        end = len(key) - len(key) % self.page_size
-        node, pos = self.root, 0
-        while pos < end:
-            child = node.children.get(self._child_key(key, pos))
-            if child is None:
-                break
-            child.last_access = self._tick
-            self._offer(child)
-            n = _common_len(child.key, key, pos, end, self.page_size)
-            if n < len(child.key):
-                break
-            node = child
-            pos += n
-
     # ----- updates ---------------------------------------------------------------------------
     def insert(self, key: list[int], value: Sequence[int]) -> int:
         """Insert key → value; returns how many leading tokens were already cached (their slots in
