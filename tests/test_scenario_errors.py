@@ -85,6 +85,23 @@ def test_in_a_file_of_many_each_invalid_snapshot_is_named_and_the_rest_answered(
     assert err.splitlines()[-1] == "kvadmit capacity: 3 of 5 snapshots are invalid (answered the rest)"
 
 
+def test_a_line_separator_inside_a_json_string_does_not_split_the_snapshot(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # JSON strings may hold U+2028 and \x1e raw; lines end at "\n" only, so the snapshot on line 2 (its rid
+    # holds both) is one snapshot, answered, and the bad one on line 3 is named as line 3.
+    odd = {**VALID, "waiting": [{**VALID["waiting"][0], "rid": "b\u2028\x1ec"}]}
+    path = tmp_path / "odd.jsonl"
+    lines = [json.dumps(VALID), json.dumps(odd, ensure_ascii=False), json.dumps(ONE_TOKEN_POOL)]
+    path.write_text("\r\n".join(lines) + "\n", encoding="utf-8")
+    assert main(["capacity", "--scenario", str(path), "--json"]) == 2
+    out, err = capsys.readouterr()
+    answers = [json.loads(line) for line in out.splitlines()]
+    assert len(answers) == 3 and answers[1]["admitted"] == ["b\u2028\x1ec"]
+    named = [line for line in err.splitlines() if line.startswith("kvadmit capacity: error: ")]
+    assert [n.split(": ")[2] for n in named] == [f"{path}, line 3"]
+
+
 JSON_VALUES = st.recursive(
     st.none()
     | st.booleans()
@@ -202,7 +219,7 @@ def test_a_file_of_many_lines_of_anything_names_each_invalid_one_and_exits_2(lin
         status = run_scenario_file(path, as_json=True, out=out, err=err)
     finally:
         Path(path).unlink()
-    answers = [json.loads(x) for x in out.getvalue().splitlines()]
+    answers = [json.loads(x) for x in out.getvalue().split("\n")[:-1]]
     assert len(answers) == sum(1 for t in texts if t.strip())
     errors = [x for x in err.getvalue().splitlines() if x.startswith("kvadmit capacity: error: ")]
     assert len(errors) == sum("error" in a and len(a) == 1 for a in answers)
