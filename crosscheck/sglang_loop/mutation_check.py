@@ -19,6 +19,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import compare
 import kvadmit_side
 
+from kvadmit.memory.radix import RadixCache
 from kvadmit.memory.radix import _common_len as common_len
 from kvadmit.request import FinishKind, FinishReason
 from kvadmit.scheduler import ordering, policy, scheduler
@@ -140,6 +141,14 @@ def _refresh_without_split() -> Callable[[], None]:
     return lambda: setattr(ordering.QueueOrder, "_refresh_waiting_prefixes", original)
 
 
+def _no_prompt_split() -> Callable[[], None]:
+    """The cache keeps a path cached past the prompt as one node (no split where the prompt ends), so the
+    prompt is evicted with the outputs."""
+    original = RadixCache._split_at_prompt
+    RadixCache._split_at_prompt = lambda self, req, inserted: None
+    return lambda: setattr(RadixCache, "_split_at_prompt", original)
+
+
 def _no_priority_preemption() -> Callable[[], None]:
     """Priority scheduling: a more urgent arrival never preempts running requests at the request cap."""
     original = PriorityPreemption.preempt_for
@@ -226,6 +235,12 @@ def _profile_off(field: str) -> Callable[[], Callable[[], None]]:
     return mutate
 
 
+# Rules that change a decision only in rare sequences: a file where such a mutation changes nothing is
+# reported, not failed. `no-prompt-split` needs a request prefilled again with its outputs whose prompt then
+# outlives its outputs in the cache and is matched; the full suite (README.md) catches it in one scenario
+# of each overlap row and in none of the normal rows.
+RARE = {"no-prompt-split"}
+
 # name -> (mutation, applies to a scenario's server)
 MUTATIONS: dict[str, tuple[Callable[[], Callable[[], None]], Callable[[dict], bool]]] = {
     "length-before-stop": (_length_before_stop, lambda s: True),
@@ -239,6 +254,7 @@ MUTATIONS: dict[str, tuple[Callable[[], Callable[[], None]], Callable[[dict], bo
         _refresh_without_split,
         lambda s: s["schedule_policy"] != "lpm" and not s["disable_radix_cache"],
     ),
+    "no-prompt-split": (_no_prompt_split, lambda s: not s["disable_radix_cache"]),
     "no-priority-preemption": (_no_priority_preemption, lambda s: bool(s.get("enable_priority_scheduling"))),
     "priority-ignored-in-order": (
         _priority_ignored_in_order,
@@ -294,16 +310,19 @@ def main() -> int:
     names = [n for n in a.only.split(",") if n] or [
         n for n, (_, applies) in MUTATIONS.items() if any(applies(s) for s in servers)
     ]
-    missed = []
+    missed: list[str] = []
+    caught = 0
     for name in names:
         n = run(scenarios, sglang, name)
-        print(f"mutation {name:<28} {n:>5} of {len(scenarios)} scenarios differ")
-        if n == 0:
+        rare = " (acts rarely: not required in every file)" if name in RARE and n == 0 else ""
+        print(f"mutation {name:<28} {n:>5} of {len(scenarios)} scenarios differ{rare}")
+        caught += n > 0
+        if n == 0 and not rare:
             missed.append(name)
     if missed:
         print(f"mutation check: NOT caught: {', '.join(missed)}")
         return 1
-    print(f"mutation check: all {len(names)} mutations caught")
+    print(f"mutation check: {caught} of {len(names)} mutations caught, every required one")
     return 0
 
 
