@@ -120,9 +120,12 @@ def _tree(node: RadixNode) -> tuple[object, ...]:
 
 
 def _plain_cache_finished(cache: RadixCache, pool: TokenPool, req: Req) -> None:
-    """cache_finished_req spelled the plain way: insert prompt + outputs from the root."""
+    """cache_finished_req spelled the plain way: insert prompt + outputs from the root, then the prompt
+    again (SGLang's split at the prompt's end)."""
     aligned = len(req.kv) - len(req.kv) % cache.page_size
     already = cache.insert(req.fill_ids()[:aligned], req.kv[:aligned])
+    prompt = len(req.origin_input_ids) - len(req.origin_input_ids) % cache.page_size
+    cache.insert(req.origin_input_ids[:prompt], req.kv[:prompt])
     if already > req.cached_len:
         pool.free(req.kv[req.cached_len : already])
     pool.free(req.kv[aligned:])
@@ -159,3 +162,39 @@ def test_caching_a_request_below_its_locked_node_equals_an_insert_from_the_root(
         return state, [cache.evict(1) for _ in range(6)]
 
     assert finish(shortcut=True) == finish(shortcut=False)
+
+
+def _retracted_request_prefilled_again(cache: RadixCache, pool: TokenPool) -> Req:
+    # A retracted request: prompt of 6 and 4 outputs, nothing of it cached, prefilled again whole (10).
+    req = Req(rid="r", origin_input_ids=[1, 2, 3, 4, 5, 6])
+    req.output_ids.extend([7, 8, 9, 10])
+    req.kv = pool.alloc_extend([], 10)
+    cache.cache_unfinished_req(req)
+    return req
+
+
+def test_caching_past_the_prompt_splits_the_path_where_the_prompt_ends() -> None:
+    # SGLang's UnifiedRadixCache inserts the prompt again after such an insert: the 10 cached tokens are
+    # two nodes, the prompt's 6 and the outputs' 4. Once unlocked, evicting 1 token takes the outputs'
+    # leaf (4) and the prompt stays matchable; a single 10-token node would go whole.
+    pool, cache = _cache(100)
+    req = _retracted_request_prefilled_again(cache, pool)
+    assert [len(c.key) for c in cache.root.children.values()] == [6]
+    assert cache.protected_size() == 10
+    cache.release_req(req)  # retracted again: the cached 10 stay, unlocked
+    assert cache.evict(1) == 4
+    assert len(cache.match_prefix([1, 2, 3, 4, 5, 6, 99]).value) == 6
+
+
+def test_the_split_is_at_the_page_aligned_end_of_the_prompt() -> None:
+    # Page 2, a retracted request with a prompt of 5 and 4 outputs prefilled again: 9 computed, 8 cached
+    # (whole pages); its prompt ends inside page 3, so the split is at 4, and evicting one page takes the
+    # 4-token leaf [5, 6, 7, 8] (the prompt's fifth token and 3 outputs).
+    pool, cache = _cache(100, page=2)
+    req = Req(rid="r", origin_input_ids=[1, 2, 3, 4, 5])
+    req.output_ids.extend([6, 7, 8, 9])
+    req.kv = pool.alloc_extend([], 9)
+    cache.cache_unfinished_req(req)
+    cache.release_req(req)
+    assert cache.evict(1) == 4 and cache.evictable_size() == 4
+    assert len(cache.match_prefix([1, 2, 3, 4, 5, 6]).value) == 4

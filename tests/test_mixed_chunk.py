@@ -76,3 +76,66 @@ def test_simulate_with_mixed_chunks_ends_every_request_at_its_length_under_both_
         result.scheduler.check_invariants()
         assert all(o.success for o in result.outcomes) and result.scheduler.is_fully_idle()
         assert all(len(o.itl) == o.output_len - 1 for o in result.outcomes), overlap
+
+
+def _paged_mixed_with_b(prompt: int, ignore_eos: bool) -> tuple[Scheduler, Req, Req]:
+    # Page 16, chunks of 32, radix cache off; a runs, so its decode row leaves 32 − 1 = 31 of the chunk.
+    args = ServerArgs(max_total_tokens=1024, page_size=16, chunked_prefill_size=32, enable_mixed_chunk=True,
+                      disable_radix_cache=True, disable_overlap_schedule=True)  # fmt: skip
+    sched = Scheduler(args)
+    a = _req("a", 10, 50, 100)
+    sched.add_request(a)
+    prefill = sched.next_batch()
+    assert prefill is not None
+    sched.on_batch_done(prefill, [TEXT])
+    limits = SamplingLimits(requested_max_new_tokens=5, ignore_eos=ignore_eos)
+    b = Req("b", list(range(1000, 1000 + prompt)), limits)
+    sched.add_request(b)
+    return sched, a, b
+
+
+def test_ignore_eos_without_cache_fits_the_raw_prompt_into_an_unaligned_chunk_budget() -> None:
+    # docs/sglang-rules.md §1.6 step 3: the ignore_eos path compares the raw prompt with what is left of
+    # the chunk (28 ≤ 31: whole) ...
+    sched, a, b = _paged_mixed_with_b(28, ignore_eos=True)
+    batch = sched.next_batch()
+    assert batch is not None and batch.reqs == [b, a]
+    assert b.extend_input_len == 28 and sched.chunked_req is None
+
+
+def test_ignore_eos_without_cache_cuts_its_first_chunk_at_the_whole_unaligned_budget() -> None:
+    # ... and a longer prompt (40 > 31) takes all 31 tokens, not 31 // 16 × 16 = 16.
+    sched, _, b = _paged_mixed_with_b(40, ignore_eos=True)
+    batch = sched.next_batch()
+    assert batch is not None and b.extend_input_len == 31 and sched.chunked_req is b
+
+
+def test_the_normal_path_page_aligns_what_the_decode_rows_leave_of_the_chunk() -> None:
+    # §1.4: the page-ceiled prompt (28 → 32) does not fit 31, so it is chunked to 31 // 16 × 16 = 16 tokens.
+    sched, _, b = _paged_mixed_with_b(28, ignore_eos=False)
+    batch = sched.next_batch()
+    assert batch is not None and b.extend_input_len == 16 and sched.chunked_req is b
+
+
+def test_a_chunk_off_the_page_grid_lets_an_ignore_eos_request_take_the_rest_as_a_second_chunk() -> None:
+    # SGLang's corner (docs/sglang-rules.md §1.6): page 2, chunks of 8, one decode row, so 7 left. A
+    # normal 7-token prompt (ceiled 8 > 7) is cut to 6, leaving 1; the ignore_eos prompt without a cache
+    # after it (4 > 1) takes that 1 token as a first chunk and becomes the chunked request. b is no longer
+    # tracked: it runs on as if its prefill were done, its last prompt token never computed.
+    args = ServerArgs(max_total_tokens=1000, page_size=2, chunked_prefill_size=8, enable_mixed_chunk=True,
+                      disable_radix_cache=True, disable_overlap_schedule=True)  # fmt: skip
+    sched = Scheduler(args)
+    a = _req("a", 3, 50, 100)
+    sched.add_request(a)
+    prefill = sched.next_batch()
+    assert prefill is not None
+    sched.on_batch_done(prefill, [TEXT])
+    b = _req("b", 7, 5, 1000)
+    c = Req("c", list(range(2000, 2004)), SamplingLimits(requested_max_new_tokens=5, ignore_eos=True))
+    sched.add_request(b)
+    sched.add_request(c)
+    batch = sched.next_batch()
+    assert batch is not None and batch.reqs == [b, c, a]
+    assert b.extend_input_len == 6 and c.extend_input_len == 1 and sched.chunked_req is c
+    sched.on_batch_done(batch, [TEXT, TEXT, TEXT])
+    assert b.output_ids == [TEXT] and len(b.kv) == 6  # sampled as prefilled; prompt token 7 has no KV

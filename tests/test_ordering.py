@@ -59,3 +59,30 @@ def test_random_is_reproducible_with_a_seed() -> None:
 
     assert order(1) == order(1)
     assert order(1) != [f"q{i}" for i in range(20)]
+
+
+def test_fcfs_refresh_of_waiting_prefixes_splits_the_node_the_touch_ends_inside() -> None:
+    # docs/sglang-rules.md §1.2: every 32nd fcfs pass (the first included) touches each waiting request's
+    # prompt with a full tree match, which splits the 18-token entry after the 7 tokens the waiting request
+    # shares. An entry cached later is fresher, so evicting 1 token takes the untouched 11-token tail and
+    # the waiting request still finds its 7 tokens.
+    touched = list(range(1, 19))
+    cache = cache_with([touched])
+    waiting = [make_req("w", prompt=[*touched[:7], 50, 51])]
+    QueueOrder("fcfs", cache).sort(waiting)
+    cache.insert(list(range(60, 66)), cache.pool.alloc_extend([], 6))
+    assert cache.evict(1) == 11
+    assert len(cache.match_prefix([*touched[:7], 50]).value) == 7
+
+
+def test_fcfs_refreshes_the_waiting_prefixes_only_every_32nd_pass() -> None:
+    # Passes 1 to 32 do not touch (the 0th did); the 18-token entry stays whole and, the oldest, goes first.
+    touched = list(range(1, 19))
+    cache = cache_with([])
+    order = QueueOrder("fcfs", cache)
+    order.sort([make_req("x", 3)])  # the 0th pass touches (nothing is cached yet)
+    cache.insert(touched, cache.pool.alloc_extend([], 18))
+    waiting = [make_req("w", prompt=[*touched[:7], 50, 51])]
+    order.sort(waiting)  # pass 1: no touch
+    cache.insert(list(range(60, 66)), cache.pool.alloc_extend([], 6))
+    assert cache.evict(1) == 18

@@ -5,7 +5,9 @@ what is wrong."""
 
 from __future__ import annotations
 
+import io
 import json
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvadmit.capacity.scenario import Item, answer_item
+from kvadmit.capacity.scenario import Item, answer_item, run_scenario_file
 from kvadmit.capacity.snapshot import SnapshotError
 from kvadmit.cli import main
 
@@ -24,6 +26,23 @@ VALID: dict[str, Any] = {
     "running": [{"rid": "a", "prompt_len": 256, "output_len": 40, "max_new_tokens": 512, "ignore_eos": True}],
     "waiting": [{"rid": "b", "prompt_len": 256, "cached_prefix_len": 0, "max_new_tokens": 512}],
 }
+# The overlap loop with requests in flight (one ending on EOS there), priority scheduling with
+# preemption and a priority per request: the fields the loop and priorities add to a snapshot.
+VALID_OVERLAP_PRIORITY: dict[str, Any] = {
+    "server": {"max_total_tokens": 4096, "page_size": 1, "chunked_prefill_size": 8192,
+               "disable_overlap_schedule": False, "enable_priority_scheduling": True,
+               "max_running_requests": 2, "retraction_policy": "priority"},
+    "new_token_ratio": 0.7,
+    "evictable_tokens": 0,
+    "running": [
+        {"rid": "a", "prompt_len": 256, "output_len": 40, "max_new_tokens": 41, "priority": 5,
+         "in_flight": True},
+        {"rid": "c", "prompt_len": 64, "output_len": 10, "max_new_tokens": 512, "priority": 30,
+         "in_flight": True, "stops_in_flight": True},
+    ],
+    "waiting": [{"rid": "b", "prompt_len": 256, "cached_prefix_len": 0, "max_new_tokens": 512,
+                 "priority": 0}],
+}  # fmt: skip
 ONE_TOKEN_POOL = {
     "server": {"max_total_tokens": 1},
     "waiting": [{"rid": "a", "prompt_len": 1, "max_new_tokens": 1}],
@@ -66,6 +85,23 @@ def test_in_a_file_of_many_each_invalid_snapshot_is_named_and_the_rest_answered(
     assert err.splitlines()[-1] == "kvadmit capacity: 3 of 5 snapshots are invalid (answered the rest)"
 
 
+def test_a_line_separator_inside_a_json_string_does_not_split_the_snapshot(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # JSON strings may hold U+2028 and \x1e raw; lines end at "\n" only, so the snapshot on line 2 (its rid
+    # holds both) is one snapshot, answered, and the bad one on line 3 is named as line 3.
+    odd = {**VALID, "waiting": [{**VALID["waiting"][0], "rid": "b\u2028\x1ec"}]}
+    path = tmp_path / "odd.jsonl"
+    lines = [json.dumps(VALID), json.dumps(odd, ensure_ascii=False), json.dumps(ONE_TOKEN_POOL)]
+    path.write_text("\r\n".join(lines) + "\n", encoding="utf-8")
+    assert main(["capacity", "--scenario", str(path), "--json"]) == 2
+    out, err = capsys.readouterr()
+    answers = [json.loads(line) for line in out.splitlines()]
+    assert len(answers) == 3 and answers[1]["admitted"] == ["b\u2028\x1ec"]
+    named = [line for line in err.splitlines() if line.startswith("kvadmit capacity: error: ")]
+    assert [n.split(": ")[2] for n in named] == [f"{path}, line 3"]
+
+
 JSON_VALUES = st.recursive(
     st.none()
     | st.booleans()
@@ -83,6 +119,17 @@ PATHS = [
     ("running", 0, "prompt_len"), ("running", 0, "output_len"), ("running", 0, "max_new_tokens"),
     ("running", 0, "rid"), ("waiting", 0, "prompt_len"), ("waiting", 0, "cached_prefix_len"),
     ("waiting", 0, "max_new_tokens"), ("waiting", 0, "output_len"), ("waiting", 0, "ignore_eos"),
+]  # fmt: skip
+# The fields of the loop, the requests in flight and priority scheduling (fuzzed on VALID_OVERLAP_PRIORITY).
+LOOP_AND_PRIORITY_PATHS = [
+    ("server", "disable_overlap_schedule"), ("server", "enable_priority_scheduling"),
+    ("server", "schedule_low_priority_values_first"), ("server", "default_priority_value"),
+    ("server", "disable_priority_preemption"), ("server", "priority_scheduling_preemption_threshold"),
+    ("server", "retraction_policy"), ("server", "prefill_max_requests"), ("server", "disable_radix_cache"),
+    ("server", "max_running_requests"), ("check",),
+    ("running", 0, "in_flight"), ("running", 0, "stops_in_flight"), ("running", 0, "priority"),
+    ("running", 1, "in_flight"), ("running", 1, "stops_in_flight"), ("running", 1, "priority"),
+    ("running", 0, "output_len"), ("running", 0, "max_new_tokens"), ("waiting", 0, "priority"),
 ]  # fmt: skip
 
 
@@ -117,3 +164,64 @@ def test_any_json_value_is_answered_or_named(value: Any) -> None:
         answer_item(Item("fuzz", value))
     except SnapshotError as e:
         assert str(e).startswith("fuzz: ")
+
+
+def test_the_loop_and_priority_base_snapshot_is_valid() -> None:
+    # The fuzz below starts from it: it must be answered as it is (else every case ends as an error).
+    assert isinstance(answer_item(Item("base", VALID_OVERLAP_PRIORITY)), dict)
+    decode = {**VALID_OVERLAP_PRIORITY, "check": "decode"}
+    assert isinstance(answer_item(Item("base", decode)), dict)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.sampled_from(["admission", "decode"]),
+    st.lists(st.tuples(st.sampled_from(LOOP_AND_PRIORITY_PATHS), JSON_VALUES), min_size=1, max_size=3),
+)
+def test_a_loop_and_priority_snapshot_with_any_field_set_to_any_json_is_answered_or_named(
+    check: str, changes: list[Any]
+) -> None:
+    snap: dict[str, Any] = {**VALID_OVERLAP_PRIORITY, "check": check}
+    for path, value in changes:
+        try:
+            snap = _set(snap, path, value)
+        except (KeyError, IndexError, TypeError):
+            continue
+    try:
+        assert isinstance(answer_item(Item("fuzz", snap)), dict)
+    except SnapshotError as e:
+        assert str(e).startswith("fuzz: ")
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.one_of(st.just("valid"), st.just("overlap"), JSON_VALUES, st.text(max_size=12)), max_size=6)
+)
+def test_a_file_of_many_lines_of_anything_names_each_invalid_one_and_exits_2(lines: list[Any]) -> None:
+    # Whatever the lines are (valid snapshots, any JSON, any text), --scenario writes one answer line per
+    # non-empty line, names each invalid one in one error line, and exits 2 exactly when one is invalid.
+    texts = []
+    for line in lines:
+        if line == "valid":
+            texts.append(json.dumps(VALID))
+        elif line == "overlap":
+            texts.append(json.dumps(VALID_OVERLAP_PRIORITY))
+        elif isinstance(line, str):
+            texts.append(line.replace("\n", " ").replace("\r", " "))
+        else:
+            texts.append(json.dumps(line))
+    texts += [json.dumps(VALID), json.dumps(VALID)]  # never a file holding one JSON value
+    with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False, encoding="utf-8") as f:
+        f.write("\n".join(texts) + "\n")
+        path = f.name
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        status = run_scenario_file(path, as_json=True, out=out, err=err)
+    finally:
+        Path(path).unlink()
+    answers = [json.loads(x) for x in out.getvalue().split("\n")[:-1]]
+    assert len(answers) == sum(1 for t in texts if t.strip())
+    errors = [x for x in err.getvalue().splitlines() if x.startswith("kvadmit capacity: error: ")]
+    assert len(errors) == sum("error" in a and len(a) == 1 for a in answers)
+    assert all(f"{path}, line " in x for x in errors)
+    assert status == (2 if errors else 0)

@@ -125,6 +125,8 @@ class Run:
     call: int = 0
     steps: int = 0
     lagging: ScheduledBatch | None = None  # overlap loop: the batch whose result was still to come
+    # id → tokens of its prompt a prefill never computed (SGLang's corner below): its KV stays that short
+    cut_short: dict[int, int] = field(default_factory=dict)
 
     def live(self) -> list[Req]:
         return [r for rid, r in self.reqs.items() if rid not in self.ended_at]
@@ -285,6 +287,7 @@ class Run:
             lag = set() if self.lagging is None else {id(r) for r in self.lagging.reqs}
             for req in batch.reqs:
                 expected = req.seqlen + (id(req) in lag and req is not self.lagging.chunked)  # type: ignore[union-attr]
+                expected -= self.cut_short.get(id(req), 0)
                 assert len(req.kv) == expected, (req.rid, len(req.kv), req.seqlen)
         else:
             # --enable-mixed-chunk: the running requests' decode rows follow the prefill rows
@@ -292,7 +295,8 @@ class Run:
             rows = batch.reqs[: len(batch.reqs) - len(decoding)]
             lag = set() if self.lagging is None else {id(r) for r in self.lagging.reqs}
             for req in decoding:
-                assert len(req.kv) == req.seqlen + (id(req) in lag), (req.rid, len(req.kv), req.seqlen)
+                expected = req.seqlen + (id(req) in lag) - self.cut_short.get(id(req), 0)
+                assert len(req.kv) == expected, (req.rid, len(req.kv), req.seqlen)
             if sched.args.prefill_max_requests is not None:
                 assert len(rows) <= max(sched.args.prefill_max_requests, 1)
             if sched.chunked_prefill_size is not None:
@@ -303,7 +307,18 @@ class Run:
             for req in rows:
                 assert req.prefix_len <= req.fill_len <= req.seqlen, (req.rid, req.prefix_len, req.fill_len)
                 assert len(req.kv) == req.fill_len, (req.rid, len(req.kv), req.fill_len)
-                assert (req is batch.chunked) == (req.fill_len < req.seqlen), req.rid
+                if req is batch.chunked or req.fill_len == req.seqlen:
+                    assert (req is batch.chunked) == (req.fill_len < req.seqlen), req.rid
+                    self.cut_short.pop(id(req), None)  # (prefilled again whole after a retraction)
+                else:
+                    # SGLang's corner (docs/sglang-rules.md §1.6): with mixed rows the chunk budget can end
+                    # off a page multiple, a normal request is cut to whole pages, and an ignore_eos request
+                    # without a cache after it takes the rest as a second first chunk; SGLang keeps only
+                    # that one as the chunked request and runs the first as if its prefill were done.
+                    chunked = batch.chunked
+                    assert chunked is not None and sched.mixed_chunk and not sched.cache.enabled, req.rid
+                    assert chunked.sampling.ignore_eos and rows.index(req) < rows.index(chunked), req.rid
+                    self.cut_short[id(req)] = req.seqlen - req.fill_len
         self._check_owned_pages_disjoint()
 
     def _check_owned_pages_disjoint(self) -> None:

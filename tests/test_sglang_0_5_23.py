@@ -46,10 +46,11 @@ def test_0_5_23_drops_it_at_the_start_of_every_pass_so_the_next_request_is_admit
     assert batch is not None and batch.kind == "prefill" and batch.reqs == [c]
 
 
-def _chunk_in_progress(version: str, chunk: int, max_running: int) -> Scheduler:
+def _chunk_in_progress(version: str, chunk: int, max_running: int, priority: bool = False) -> Scheduler:
     """A 100-token prompt in chunks of `chunk` tokens has had its first chunk; two short requests wait."""
     args = ServerArgs(max_total_tokens=2000, chunked_prefill_size=chunk, max_running_requests=max_running,
-                      sglang_version=version, disable_overlap_schedule=True)  # fmt: skip
+                      sglang_version=version, disable_overlap_schedule=True,
+                      enable_priority_scheduling=priority)  # fmt: skip
     sched = Scheduler(args)
     sched.add_request(_req("long", 100, 5, 100))
     first = sched.next_batch()
@@ -81,6 +82,16 @@ def test_0_5_23_counts_the_row_the_continuing_chunk_holds() -> None:
     # batch reaches it: w1 waits. 0.5.23: min(2 − 0, 1 + 1) = 2: w1 joins the final chunk.
     old = _chunk_in_progress("0.5.22", chunk=64, max_running=2).run_admission()
     new = _chunk_in_progress("0.5.23", chunk=64, max_running=2).run_admission()
+    assert old.adder is not None and new.adder is not None
+    assert [r.rid for r in old.adder.can_run_list] == ["long"] and old.stop_cause == "request_cap"
+    assert [r.rid for r in new.adder.can_run_list] == ["long", "w1"] and new.stop_cause == "request_cap"
+
+
+def test_0_5_23_counts_the_chunks_row_under_priority_preemption_too() -> None:
+    # The same pass with priority scheduling (preemption on): the cap is read again for each candidate,
+    # with the same credit, min(2 − 0, 1 + 1) = 2, so w1 joins the final chunk here too; 0.5.22: 1.
+    old = _chunk_in_progress("0.5.22", chunk=64, max_running=2, priority=True).run_admission()
+    new = _chunk_in_progress("0.5.23", chunk=64, max_running=2, priority=True).run_admission()
     assert old.adder is not None and new.adder is not None
     assert [r.rid for r in old.adder.can_run_list] == ["long"] and old.stop_cause == "request_cap"
     assert [r.rid for r in new.adder.can_run_list] == ["long", "w1"] and new.stop_cause == "request_cap"

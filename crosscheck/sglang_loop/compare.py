@@ -35,6 +35,15 @@ CATEGORIES = {
 }
 
 
+FEATURES = ("priority scheduling", "mixed chunks")
+
+
+def features(server: dict) -> list[str]:
+    """The scenario's optional features (gen.py --priority, --mixed), for the per-feature lines."""
+    on = [server.get("enable_priority_scheduling"), server.get("enable_mixed_chunk")]
+    return [name for name, flag in zip(FEATURES, on, strict=True) if flag]
+
+
 def split(events: list) -> dict[str, list]:
     out: dict[str, list] = {k: [] for k in CATEGORIES}
     for e in events:
@@ -78,6 +87,7 @@ def main() -> int:
     scen, sg, kv = read_jsonl(a.scenarios), read_jsonl(a.sglang), read_jsonl(a.kvadmit)
     assert len(scen) == len(sg) == len(kv), (len(scen), len(sg), len(kv))
     counts: Counter = Counter()
+    by_feature: Counter = Counter()  # (feature, "scenarios" | "steps" | "differing")
     mism: Counter = Counter()
     bad_scen = 0
     errors = 0
@@ -90,6 +100,10 @@ def main() -> int:
             for e in x["events"]:
                 counts[e[0]] += 1
         d = compare_one(x, y)
+        for feature in features(sc["server"]):
+            by_feature[feature, "scenarios"] += 1
+            by_feature[feature, "steps"] += sum(e[0] == "B" for e in x.get("events", []))
+            by_feature[feature, "differing"] += bool(d)
         if d:
             bad_scen += 1
             for k in d:
@@ -108,6 +122,12 @@ def main() -> int:
         print(f"  {name:<22}{counts[k]:>16}{mism[k]:>22}")
     if errors:
         print(f"  {'errors':<22}{'':>16}{mism['error']:>22}")
+    for feature in FEATURES:
+        if by_feature[feature, "scenarios"]:
+            print(
+                f"  with {feature}: {by_feature[feature, 'scenarios']} scenarios, "
+                f"{by_feature[feature, 'steps']} steps, {by_feature[feature, 'differing']} differing"
+            )
     return 1 if bad_scen or errors else 0
 
 

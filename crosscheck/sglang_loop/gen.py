@@ -1,6 +1,10 @@
 """Random loop scenarios: server flags and a request script. The same arguments always write the same file.
 
-    python gen.py SEED COUNT [--overlap 0|1] [--version 0.5.22] [--abort-fraction F] > scenarios.jsonl
+    python gen.py SEED COUNT [--overlap 0|1] [--version 0.5.22] [--abort-fraction F]
+                  [--priority SHARE] [--mixed SHARE] > scenarios.jsonl
+
+--priority and --mixed give the share of scenarios (0 to 1, each drawn on its own) that run with priority
+scheduling (fcfs, priorities None, 0, 1, 5, 12, 20, 30) and with --enable-mixed-chunk.
 
 A scenario (one JSON line):
   server:   max_total_tokens, page_size, chunked_prefill_size (None: off), max_prefill_tokens,
@@ -102,19 +106,27 @@ def main() -> None:
     ap.add_argument("--overlap", type=int, default=0)
     ap.add_argument("--version", default="0.5.22")
     ap.add_argument("--abort-fraction", type=float, default=0.0)
-    ap.add_argument("--priority", type=int, default=0, help="1: priority scheduling on, priorities 0..30")
-    ap.add_argument("--mixed", type=int, default=0, help="1: --enable-mixed-chunk (chunked prefill on)")
+    ap.add_argument(
+        "--priority", type=float, default=0.0, help="share of scenarios with priority scheduling (1: all)"
+    )
+    ap.add_argument(
+        "--mixed", type=float, default=0.0, help="share of scenarios with --enable-mixed-chunk (1: all)"
+    )
     a = ap.parse_args()
     rng = random.Random(a.seed)
     for k in range(a.count):
         sc = scenario(rng, f"{a.seed}-{k}", bool(a.overlap), a.version, a.abort_fraction)
-        if a.priority:
+        # Which features a scenario gets comes from a generator of its own, so that a share of 0 or 1
+        # leaves the main stream (and so every scenario of an older run) exactly as it was.
+        pick = random.Random(a.seed * 1_000_003 + k)
+        priority, mixed = pick.random() < a.priority, pick.random() < a.mixed
+        if priority:
             # Priority scheduling works with fcfs and lof; preemption needs a gap above its threshold (10).
             sc["server"]["schedule_policy"] = "fcfs"
             sc["server"]["enable_priority_scheduling"] = True
             for r in sc["requests"]:
                 r["priority"] = rng.choice([None, 0, 1, 5, 12, 20, 30])
-        if a.mixed:
+        if mixed:
             sc["server"]["enable_mixed_chunk"] = True
             if sc["server"]["chunked_prefill_size"] is None:  # mixed chunks need chunked prefill
                 sc["server"]["chunked_prefill_size"] = sc["server"]["page_size"] * rng.choice([8, 16, 64])

@@ -19,9 +19,15 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import compare
 import kvadmit_side
 
+from kvadmit.memory.radix import RadixCache
+from kvadmit.memory.radix import _common_len as common_len
 from kvadmit.request import FinishKind, FinishReason
 from kvadmit.scheduler import ordering, policy, scheduler
+from kvadmit.scheduler.admission import AdmissionPass
 from kvadmit.scheduler.decode_memory import DecodeMemory
+from kvadmit.scheduler.mixed_chunk import MixedChunk
+from kvadmit.scheduler.preemption import PriorityPreemption
+from kvadmit.scheduler.priority import PriorityScheduling
 from kvadmit.scheduler.ratio import NewTokenRatio
 from kvadmit.scheduler.results import StepResults
 
@@ -104,6 +110,87 @@ def _no_waiting_prefix_refresh() -> Callable[[], None]:
     return lambda: setattr(ordering.QueueOrder, "_refresh_waiting_prefixes", original)
 
 
+def _refresh_without_split() -> Callable[[], None]:
+    """fcfs: the waiting-prefix refresh marks the cached path as used without splitting the node it ends
+    inside (the older RadixCache's touch), so an untouched tail cannot be evicted apart from its head."""
+    original = ordering.QueueOrder._refresh_waiting_prefixes
+
+    def touch(cache, key):
+        cache._tick += 1
+        end = len(key) - len(key) % cache.page_size
+        node, pos = cache.root, 0
+        while pos < end:
+            child = node.children.get(cache._child_key(key, pos))
+            if child is None:
+                break
+            child.last_access = cache._tick
+            cache._offer(child)
+            n = common_len(child.key, key, pos, end, cache.page_size)
+            if n < len(child.key):
+                break
+            node, pos = child, pos + n
+
+    def refresh(self, waiting):
+        self.cache.match_prefix = lambda key, end=None: touch(self.cache, key)
+        try:
+            original(self, waiting)
+        finally:
+            del self.cache.match_prefix
+
+    ordering.QueueOrder._refresh_waiting_prefixes = refresh
+    return lambda: setattr(ordering.QueueOrder, "_refresh_waiting_prefixes", original)
+
+
+def _no_prompt_split() -> Callable[[], None]:
+    """The cache keeps a path cached past the prompt as one node (no split where the prompt ends), so the
+    prompt is evicted with the outputs."""
+    original = RadixCache._split_at_prompt
+    RadixCache._split_at_prompt = lambda self, req, inserted: None
+    return lambda: setattr(RadixCache, "_split_at_prompt", original)
+
+
+def _no_priority_preemption() -> Callable[[], None]:
+    """Priority scheduling: a more urgent arrival never preempts running requests at the request cap."""
+    original = PriorityPreemption.preempt_for
+    PriorityPreemption.preempt_for = lambda self, candidate, adder, preempted: False
+    return lambda: setattr(PriorityPreemption, "preempt_for", original)
+
+
+def _priority_ignored_in_order() -> Callable[[], None]:
+    """Priority scheduling with fcfs: the waiting queue stays in arrival order, priorities ignored."""
+    original = PriorityScheduling.sort_fcfs
+    PriorityScheduling.sort_fcfs = lambda self, waiting: None
+    return lambda: setattr(PriorityScheduling, "sort_fcfs", original)
+
+
+def _mixed_no_decode_rows() -> Callable[[], None]:
+    """--enable-mixed-chunk: the running requests' decode rows never ride in a prefill batch (the
+    admission budgets still take a token per running request)."""
+    original = MixedChunk.mix_running
+    MixedChunk.mix_running = lambda self, batch: batch
+    return lambda: setattr(MixedChunk, "mix_running", original)
+
+
+def _mixed_rows_free() -> Callable[[], None]:
+    """--enable-mixed-chunk: the decode rows take nothing from the admission pass's budgets."""
+    original = AdmissionPass.__init__
+
+    def init(self, *args, **kwargs):
+        kwargs["mixed_decode_tokens"] = 0
+        original(self, *args, **kwargs)
+
+    AdmissionPass.__init__ = init
+    return lambda: setattr(AdmissionPass, "__init__", original)
+
+
+def _ignore_eos_paged_chunk() -> Callable[[], None]:
+    """ignore_eos without a cache: the prompt is measured and chunked in whole pages, as on the normal
+    path (differs only when mixed decode rows leave the chunk budget off a page multiple)."""
+    original = AdmissionPass._commit
+    AdmissionPass._commit = lambda self, req, whole_pages=True: original(self, req, True)
+    return lambda: setattr(AdmissionPass, "_commit", original)
+
+
 def _overlap_no_skip() -> Callable[[], None]:
     """Overlap loop: a failed decode check retracts even when finishers in flight would free memory."""
     original = DecodeMemory.check_decode_or_retract
@@ -148,6 +235,12 @@ def _profile_off(field: str) -> Callable[[], Callable[[], None]]:
     return mutate
 
 
+# Rules that change a decision only in rare sequences: a file where such a mutation changes nothing is
+# reported, not failed. `no-prompt-split` needs a request prefilled again with its outputs whose prompt then
+# outlives its outputs in the cache and is matched; the full suite (README.md) catches it in one scenario
+# of each overlap row and in none of the normal rows.
+RARE = {"no-prompt-split"}
+
 # name -> (mutation, applies to a scenario's server)
 MUTATIONS: dict[str, tuple[Callable[[], Callable[[], None]], Callable[[dict], bool]]] = {
     "length-before-stop": (_length_before_stop, lambda s: True),
@@ -157,6 +250,22 @@ MUTATIONS: dict[str, tuple[Callable[[], Callable[[], None]], Callable[[dict], bo
     "no-idle-ratio-reset": (_no_idle_reset, lambda s: True),
     "lpm-capped-match": (_lpm_capped_match, lambda s: s["schedule_policy"] == "lpm"),
     "no-waiting-prefix-refresh": (_no_waiting_prefix_refresh, lambda s: s["schedule_policy"] != "lpm"),
+    "refresh-without-split": (
+        _refresh_without_split,
+        lambda s: s["schedule_policy"] != "lpm" and not s["disable_radix_cache"],
+    ),
+    "no-prompt-split": (_no_prompt_split, lambda s: not s["disable_radix_cache"]),
+    "no-priority-preemption": (_no_priority_preemption, lambda s: bool(s.get("enable_priority_scheduling"))),
+    "priority-ignored-in-order": (
+        _priority_ignored_in_order,
+        lambda s: bool(s.get("enable_priority_scheduling")),
+    ),
+    "mixed-no-decode-rows": (_mixed_no_decode_rows, lambda s: bool(s.get("enable_mixed_chunk"))),
+    "mixed-rows-free-budget": (_mixed_rows_free, lambda s: bool(s.get("enable_mixed_chunk"))),
+    "ignore-eos-paged-chunk": (
+        _ignore_eos_paged_chunk,
+        lambda s: bool(s.get("enable_mixed_chunk")) and s["disable_radix_cache"] and s["page_size"] > 1,
+    ),
     "overlap-no-skip-on-finishers": (_overlap_no_skip, lambda s: s["overlap"]),
     "overlap-unlagged-finishers": (_overlap_unlagged_finishers, lambda s: s["overlap"]),
     "0.5.23-no-per-pass-filter": (
@@ -201,16 +310,19 @@ def main() -> int:
     names = [n for n in a.only.split(",") if n] or [
         n for n, (_, applies) in MUTATIONS.items() if any(applies(s) for s in servers)
     ]
-    missed = []
+    missed: list[str] = []
+    caught = 0
     for name in names:
         n = run(scenarios, sglang, name)
-        print(f"mutation {name:<28} {n:>5} of {len(scenarios)} scenarios differ")
-        if n == 0:
+        rare = " (acts rarely: not required in every file)" if name in RARE and n == 0 else ""
+        print(f"mutation {name:<28} {n:>5} of {len(scenarios)} scenarios differ{rare}")
+        caught += n > 0
+        if n == 0 and not rare:
             missed.append(name)
     if missed:
         print(f"mutation check: NOT caught: {', '.join(missed)}")
         return 1
-    print(f"mutation check: all {len(names)} mutations caught")
+    print(f"mutation check: {caught} of {len(names)} mutations caught, every required one")
     return 0
 
 

@@ -7,7 +7,10 @@
 #                                            # SEEDS="101 102 ..." overrides its seeds)
 #   MUTATE=1 ...                             # also the mutation check (each altered rule must be caught)
 #   VERSIONS="0.5.22 0.5.23" LOOPS="normal overlap" ...   # which SGLang versions and loops
-#   PRIORITY=1 ...                           # priority scheduling on (fcfs, priorities 0..30; see README)
+#   PRIORITY=0.33 MIXED=0.33 ...             # the share of scenarios with priority scheduling (fcfs,
+#                                            # priorities 0..30) and with --enable-mixed-chunk (the
+#                                            # default: a third each, drawn apart; 1: all, 0: none)
+#   REUSE_SGLANG=1 WORK=DIR ...              # keep SGLang's records already in DIR (rerun kvadmit only)
 #
 # Environment: KV_PY (kvadmit's python, default the repo's .venv), VENV_0_5_22 / VENV_0_5_23 (the SGLang
 # venvs; ../sglang_scheduler/setup.sh makes them: VERSION=0.5.23 for the second), WORK (where the files
@@ -79,10 +82,15 @@ for version in $VERSIONS; do
 		: >"$WORK/$tag.scenarios.jsonl"
 		for seed in $SEEDS; do
 			"$KV_PY" "$HERE/gen.py" "$seed" "$COUNT" --overlap "$overlap" --version "$version" \
-				--abort-fraction 0.1 --priority "${PRIORITY:-0}" >>"$WORK/$tag.scenarios.jsonl"
+				--abort-fraction 0.1 --priority "${PRIORITY:-0.33}" --mixed "${MIXED:-0.33}" \
+				>>"$WORK/$tag.scenarios.jsonl"
 		done
-		"$venv/bin/python" "$HERE/sglang_side.py" "$WORK/$tag.scenarios.jsonl" \
-			>"$WORK/$tag.sglang.jsonl" 2>"$WORK/$tag.sglang.log"
+		if [ "${REUSE_SGLANG:-0}" = 1 ] && [ -s "$WORK/$tag.sglang.jsonl" ]; then
+			echo "== SGLang $version, $loop loop: its records reused from $WORK/$tag.sglang.jsonl"
+		else
+			"$venv/bin/python" "$HERE/sglang_side.py" "$WORK/$tag.scenarios.jsonl" \
+				>"$WORK/$tag.sglang.jsonl" 2>"$WORK/$tag.sglang.log"
+		fi
 		"$KV_PY" "$HERE/kvadmit_side.py" "$WORK/$tag.scenarios.jsonl" >"$WORK/$tag.kvadmit.jsonl"
 		echo "== SGLang $version, $loop loop"
 		"$KV_PY" "$HERE/compare.py" "$WORK/$tag.scenarios.jsonl" "$WORK/$tag.sglang.jsonl" \

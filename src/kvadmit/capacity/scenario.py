@@ -47,7 +47,9 @@ def load_items(path: str) -> tuple[list[Item], bool]:
     if whole is not None:
         return [Item(path, whole)], False
     items = []
-    for number, line in enumerate(text.splitlines(), start=1):
+    # Lines end at "\n" only (a "\r" before it is JSON whitespace): str.splitlines would also split at
+    # U+2028, U+0085 or \x1e, which a JSON string may hold raw, and cut that snapshot in two.
+    for number, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
         where = f"{path}, line {number}"

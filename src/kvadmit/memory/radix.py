@@ -157,24 +157,6 @@ class RadixCache:
             pos += n
         return MatchResult(value, node)
 
-    def touch_prefix(self, key: list[int]) -> None:
-        """Mark the cached path of `key` (page aligned) as just used, as a match would, without
-        splitting a node the path ends inside (SGLang's touch_prefix)."""
-        self._tick += 1
-        end = len(key) - len(key) % self.page_size
-        node, pos = self.root, 0
-        while pos < end:
-            child = node.children.get(self._child_key(key, pos))
-            if child is None:
-                break
-            child.last_access = self._tick
-            self._offer(child)
-            n = _common_len(child.key, key, pos, end, self.page_size)
-            if n < len(child.key):
-                break
-            node = child
-            pos += n
-
     # ----- updates ---------------------------------------------------------------------------
     def insert(self, key: list[int], value: Sequence[int]) -> int:
         """Insert key → value; returns how many leading tokens were already cached (their slots in
@@ -313,6 +295,7 @@ class RadixCache:
             for m in matched:
                 cached.extend(m.value)
             req.kv[done : done + already] = cached
+        self._split_at_prompt(req, aligned)
         if req.last_node is not None:
             self.dec_lock_ref(req.last_node)
         self.inc_lock_ref(node)
@@ -328,9 +311,21 @@ class RadixCache:
         already = self._insert(self._start(req), tail, req.kv[done:aligned], owns_key=True)[0]
         if already:
             self.pool.free(req.kv[done : done + already])
+        self._split_at_prompt(req, aligned)
         if kv_len > aligned:
             self.pool.free(req.kv[aligned:])
         self._unlock(req)
+
+    def _split_at_prompt(self, req: CachedRequest, inserted: int) -> None:
+        """SGLang's UnifiedRadixCache, after caching a request's first `inserted` tokens past its prompt
+        (a finished request, a retracted one prefilled again with its outputs), inserts the (page
+        aligned) prompt once more: the path splits where the prompt ends, so eviction can take the
+        outputs and keep the prompt, and the prompt's nodes are the most recently used."""
+        prompt = req.origin_input_ids
+        end = len(prompt) - len(prompt) % self.page_size
+        if 0 < end < inserted:
+            # the whole path is cached now, so no node is made and `req.kv` only stands for the value
+            self._insert(self.root, prompt if end == len(prompt) else prompt[:end], req.kv)
 
     def _start(self, req: CachedRequest) -> RadixNode:
         """Where inserting the request's tokens past its cached prefix starts: the node it locks, whose

@@ -287,14 +287,21 @@ class AdmissionPass:
             return AddResult.OTHER
         return self.budget_state()
 
-    def _commit(self, req: Req) -> bool:
-        """Admit `req` whole or as a first chunk (its lock is already taken). False: no room for a chunk."""
+    def _commit(self, req: Req, whole_pages: bool = True) -> bool:
+        """Admit `req` whole or as a first chunk (its lock is already taken). False: no room for a chunk.
+        `whole_pages` False (the ignore_eos path without a cache): the prompt is whole if its raw length
+        fits what is left of the chunk budget, and a first chunk takes all of it, page aligned or not.
+        The two differ only when that budget is not a page multiple: mixed decode rows took from it."""
         extend = req.extend_input_len
         chunk_limit = self.rem_chunk_tokens
-        if chunk_limit is not None and ceil_page(extend, self.page_size) > chunk_limit:
+        page = self.page_size
+        measured = ceil_page(extend, page) if whole_pages else extend
+        too_long = chunk_limit is not None and measured > chunk_limit
+        if too_long:
+            assert chunk_limit is not None
             # Chunk to whole pages of what is left of the chunk budget; the prefix is page aligned,
             # so the chunk's end is too. A non-final chunk reserves no output tokens.
-            extend = chunk_limit // self.page_size * self.page_size
+            extend = chunk_limit // page * page if whole_pages else chunk_limit
             if extend <= 0:
                 return False
             reserved = 0
@@ -365,7 +372,7 @@ class AdmissionPass:
     def _commit_without_cache(self, req: Req) -> bool:
         assert req.match_node is not None
         self.cache.inc_lock_ref(req.match_node)  # the root: a no-op, kept for symmetry
-        if self._commit(req):
+        if self._commit(req, whole_pages=False):
             return True
         self.cache.dec_lock_ref(req.match_node)
         return False

@@ -62,14 +62,16 @@ class QueueOrder:
         """SGLang 0.5.22 (SchedulePolicy._touch_waiting_prefixes, SGLANG_ENABLE_WAITING_PREFIX_REFRESH on
         by default, LRU eviction): under an order that does not match prefixes, every 32nd sorting pass
         marks the cached prefixes of the first 128 waiting requests as just used, the head last, so that
-        LRU eviction takes what no waiting request needs first."""
+        LRU eviction takes what no waiting request needs first. SGLang's default cache
+        (UnifiedRadixCache) touches with a full tree match, so a node the path ends inside is split
+        there, as any match splits it: its cached tail can then be evicted apart from the touched head."""
         if not waiting or not self.cache.enabled:
             return
         refresh = self.refresh_calls % WAITING_PREFIX_REFRESH_INTERVAL == 0
         self.refresh_calls += 1
         if refresh:
             for req in reversed(waiting[:WAITING_QUEUE_PREFIX_MATCH_MAX]):
-                self.cache.touch_prefix(req.fill_ids())
+                self.cache.match_prefix(req.fill_ids())
 
     def _sort_lpm(self, waiting: list[Req]) -> None:
         """Longest cached prefix first. A request with little cached that shares a long prefix with an

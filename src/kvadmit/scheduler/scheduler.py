@@ -212,8 +212,10 @@ class Scheduler(RequestIntake, DecodeMemory, StepResults, PriorityPreemption, Mi
         else:
             self.running.extend(keep)
 
-    def _num_allocatable_reqs(self, running_bs: int) -> int:
-        return min(self.max_running_requests - running_bs, self.req_slots.available_size())
+    def _num_allocatable_reqs(self, running_bs: int, held_rows: int = 0) -> int:
+        """SGLang's get_num_allocatable_reqs; `held_rows` (0.5.23): request rows that requests of this
+        pass already hold (the continuing chunk), credited to the free rows."""
+        return min(self.max_running_requests - running_bs, self.req_slots.available_size() + held_rows)
 
     def run_admission(self, explain: bool = False) -> AdmissionRecord:
         """SGLang's `_get_new_batch_prefill_raw` up to the point where the batch is known: the gates,
@@ -245,17 +247,17 @@ class Scheduler(RequestIntake, DecodeMemory, StepResults, PriorityPreemption, Mi
             prepare_candidate(chunked, self.cache, continuing_chunk=True)
             self.chunked_req = adder.add_chunked_req(chunked)
         profile = self.profile
-        cap = record.allocatable
-        if chunked is not None and profile.credit_held_rows:
-            # 0.5.23 counts the request row the continuing chunk already holds (docs/sglang-rules.md A.2)
-            cap = min(self.max_running_requests - record.running_bs, self.req_slots.available_size() + 1)
+        # 0.5.23 counts the request row the continuing chunk already holds (docs/sglang-rules.md A.2), on
+        # every candidate's check, the one after a preemption included
+        held = int(chunked is not None and profile.credit_held_rows)
+        cap = self._num_allocatable_reqs(record.running_bs, held)
         at_cap = False  # with preemption, once the cap is reached every later candidate must preempt
         for req in self.waiting:
             if profile.stop_admission_when_budget_spent and adder.budget_state() is AddResult.OTHER:
                 record.stop_cause = "budget_spent"  # 0.5.23: a resumed chunk spent the pass budget
                 break
             if self.prio.preemption:  # preemption frees request slots: the cap is read again each time
-                allocatable = self._num_allocatable_reqs(len(self.running.reqs))
+                allocatable = self._num_allocatable_reqs(len(self.running.reqs), held)
                 at_cap = at_cap or len(adder.can_run_list) >= allocatable
             else:
                 at_cap = len(adder.can_run_list) >= cap
