@@ -84,7 +84,11 @@ def test_thousand_requests_at_concurrency_128(tiny_model: Path) -> None:
 
         async def run() -> list[tuple[int, int]]:
             sem = asyncio.Semaphore(128)
-            limits = httpx.Limits(max_connections=128)
+            # The server closes a connection idle for 5 s (uvicorn's and SGLang's keep-alive); httpx's
+            # own expiry is also 5 s, so a request sent on a connection the server is closing at that
+            # instant fails with ReadError before the server sees it. A shorter client expiry is the
+            # usual cure: the client always drops an idle connection first.
+            limits = httpx.Limits(max_connections=128, keepalive_expiry=2.0)
             async with httpx.AsyncClient(base_url=srv.url, timeout=300, limits=limits) as client:
 
                 async def bounded(req: tuple[str, dict[str, Any], bool]) -> tuple[int, int]:
