@@ -69,7 +69,8 @@ class QueueOrder:
         self.refresh_calls += 1
         if refresh:
             for req in reversed(waiting[:WAITING_QUEUE_PREFIX_MATCH_MAX]):
-                self.cache.touch_prefix(req.fill_ids())
+                # (no copy of a bare prompt: touch_prefix only reads the key)
+                self.cache.touch_prefix(req.fill_ids() if req.output_ids else req.origin_input_ids)
 
     def _sort_lpm(self, waiting: list[Req]) -> None:
         """Longest cached prefix first. A request with little cached that shares a long prefix with an

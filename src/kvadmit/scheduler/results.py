@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
+from operator import attrgetter
 
 from kvadmit.memory.pool import ReqSlotPool, TokenPool
 from kvadmit.memory.radix import RadixCache
@@ -14,6 +15,9 @@ from kvadmit.scheduler.batch import RunningBatch
 from kvadmit.scheduler.events import DecodeBatchStats, Event, PrefillBatchStats, RequestAborted
 from kvadmit.scheduler.ratio import NewTokenRatio
 from kvadmit.scheduler.types import ScheduledBatch, StepOutcome
+
+_PROMPT = attrgetter("origin_input_ids")
+_OUTPUTS = attrgetter("output_ids")
 
 CLIENT_ABORT_MESSAGE = "Aborted by the client."
 
@@ -220,7 +224,7 @@ class StepResults:
                     queue_req=len(self.waiting),
                     generated_tokens=self._generated_since_log,
                     # The step wrote the KV of each request's input token; the token it sampled has none yet.
-                    sum_seq_lens=sum(r.seqlen for r in batch.reqs) - len(batch.reqs),
+                    sum_seq_lens=_sum_seqlens(batch.reqs) - len(batch.reqs),
                 )
             )
             self._generated_since_log = 0
@@ -272,6 +276,11 @@ class StepResults:
         self.req_slots.free()
         if outcome is not None:
             outcome.finished.append(req)
+
+
+def _sum_seqlens(reqs: list[Req]) -> int:
+    """Σ req.seqlen (prompt + outputs) over `reqs`, summed at C speed (ints: the order cannot matter)."""
+    return sum(map(len, map(_PROMPT, reqs))) + sum(map(len, map(_OUTPUTS, reqs)))
 
 
 def _position(reqs: list[Req], req: Req) -> int | None:
