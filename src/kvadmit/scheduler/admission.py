@@ -50,9 +50,10 @@ def prepare_candidate(req: Req, cache: RadixCache, continuing_chunk: bool = Fals
         req.match_node = match.last_node
         req.match_slots = match.value
         req.prefix_len = len(match.value)
-    req.fill_len = req.seqlen
-    req.extend_input_len = req.seqlen - req.prefix_len
-    req.examined_fill_len = req.seqlen
+    seqlen = len(req.origin_input_ids) + len(req.output_ids)  # req.seqlen, read once
+    req.fill_len = seqlen
+    req.extend_input_len = seqlen - req.prefix_len
+    req.examined_fill_len = seqlen
 
 
 class Budget(NamedTuple):

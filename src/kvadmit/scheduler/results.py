@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
+from operator import attrgetter
 
 from kvadmit.memory.pool import ReqSlotPool, TokenPool
 from kvadmit.memory.radix import RadixCache
@@ -14,6 +15,10 @@ from kvadmit.scheduler.batch import RunningBatch
 from kvadmit.scheduler.events import DecodeBatchStats, Event, PrefillBatchStats, RequestAborted
 from kvadmit.scheduler.ratio import NewTokenRatio
 from kvadmit.scheduler.types import ScheduledBatch, StepOutcome
+
+_PROMPT = attrgetter("origin_input_ids")
+_OUTPUTS = attrgetter("output_ids")
+_SCAN_MAX = 8  # a prefill result with at most this many requests finds the running members by scans
 
 CLIENT_ABORT_MESSAGE = "Aborted by the client."
 
@@ -100,20 +105,25 @@ class StepResults:
         running = self.running
         # Under the overlap loop the next pass may already have merged this batch's requests into the running
         # batch (or, with mixed chunks, moved them on into the next batch): only members move its sums.
-        members = set(map(id, running.reqs)) if merged else set()
+        # A member of a small batch is found by a C-speed scan per request, cheaper than a set of the whole
+        # running batch's ids; a large one (a mixed chunk's decode rows) reads the set. Nothing in the loop
+        # changes who is a member.
+        members = set(map(id, running.reqs)) if merged and len(batch.reqs) > _SCAN_MAX else None
         decoding = set(map(id, batch.decoding or ()))  # mixed chunk: decode rows are not checkpointed
         for req, token in zip(batch.reqs, tokens, strict=True):
             if req is batch.chunked or _left_in_flight(req):
                 continue  # a non-final chunk (its token is discarded), or retracted or ended meanwhile
-            if id(req) in members:
+            at = _position(running.reqs, req) if merged and members is None else None
+            member = at is not None or (members is not None and id(req) in members)
+            if member:
                 running.append_output(req, token)
             else:
                 req.output_ids.append(token)
             reason = self._check_finished(req, token)
             if reason is not None:
                 self._finish(req, reason, outcome)
-                if id(req) in members:
-                    self._finished_positions.append(running.reqs.index(req))
+                if member:
+                    self._finished_positions.append(running.reqs.index(req) if at is None else at)
             elif id(req) not in decoding:
                 self.cache.cache_unfinished_req(req, req.fill_len)
         assert batch.stats is not None
@@ -220,7 +230,7 @@ class StepResults:
                     queue_req=len(self.waiting),
                     generated_tokens=self._generated_since_log,
                     # The step wrote the KV of each request's input token; the token it sampled has none yet.
-                    sum_seq_lens=sum(r.seqlen for r in batch.reqs) - len(batch.reqs),
+                    sum_seq_lens=_sum_seqlens(batch.reqs) - len(batch.reqs),
                 )
             )
             self._generated_since_log = 0
@@ -272,6 +282,11 @@ class StepResults:
         self.req_slots.free()
         if outcome is not None:
             outcome.finished.append(req)
+
+
+def _sum_seqlens(reqs: list[Req]) -> int:
+    """Σ req.seqlen (prompt + outputs) over `reqs`, summed at C speed (ints: the order cannot matter)."""
+    return sum(map(len, map(_PROMPT, reqs))) + sum(map(len, map(_OUTPUTS, reqs)))
 
 
 def _position(reqs: list[Req], req: Req) -> int | None:

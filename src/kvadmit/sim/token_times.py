@@ -27,12 +27,15 @@ def gather_gaps(
     firsts: list[float] = []
     bounds = [0]
     n_steps = len(step_gaps)
+    # Python floats for the per-piece arithmetic below (numpy scalars are slow to index and subtract; the
+    # doubles, and so every difference, are the same)
+    times = decode_times.tolist()
     for pieces in requests:
         total = bounds[-1]
         last: float | None = None  # the previous piece's last token time
         for piece in pieces:
             if isinstance(piece, tuple):
-                first_t, last_t = decode_times[piece[0]], decode_times[piece[1]]
+                first_t, last_t = times[piece[0]], times[piece[1]]
             else:
                 first_t = last_t = piece
             if last is None:
