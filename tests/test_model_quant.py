@@ -105,7 +105,7 @@ def test_the_refined_head_returns_float32_logits_for_its_top_tokens() -> None:
     packed = try_pack(bf16)
     if packed is None:
         pytest.skip("this torch cannot pack bf16 linear layers")
-    head = RefinedHead(packed, lin.weight, refine=4)
+    head = RefinedHead(packed, lin.weight, refine=4, fast_input=torch.bfloat16)
     x = torch.randn(3, 64)
     got, exact = head(x), x @ lin.weight.T
     top = got.topk(4, dim=-1).indices

@@ -140,6 +140,8 @@ class Attention(nn.Module):
         # q, k and v in one matmul: rows [q heads | k heads | v heads] (fused at load time).
         self.qkv_proj = nn.Linear(cfg.hidden_size, (h + 2 * kv) * d, bias=cfg.attention_bias)
         self.o_proj = nn.Linear(h * d, cfg.hidden_size, bias=False)
+        # the pool rows of K and V heads, [2·kv_heads, 1] (tie_and_init_buffers makes it after a meta build)
+        self.register_buffer("kv_rows", torch.arange(2 * kv)[:, None], persistent=False)
         if cfg.qk_norm:
             self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
@@ -161,8 +163,9 @@ class Attention(nn.Module):
         qk = apply_rope(qk, rope)
         q, k, v = qk[:, :h], qk[:, h:], qkv[:, h + kv :]
         # The new tokens' K and V go into their slots first, so that they attend to themselves too.
-        kv_pool[:kv].index_copy_(1, fb.out_slots, k.transpose(0, 1).to(kv_pool.dtype))
-        kv_pool[kv:].index_copy_(1, fb.out_slots, v.transpose(0, 1).to(kv_pool.dtype))
+        # One indexed write of both (index_put_: torch.compile updates the pool in place with it).
+        new_kv = torch.cat((k, v), dim=1).transpose(0, 1).to(kv_pool.dtype)  # [2·kv_heads, T, dim]
+        kv_pool.index_put_((self.kv_rows, fb.out_slots[None, :]), new_kv)
         return self.o_proj(pool_attention(q, k, v, kv_pool, fb))
 
 
@@ -233,10 +236,12 @@ class CausalLM(nn.Module):
 
     def tie_and_init_buffers(self) -> None:
         """After loading weights into a model built on the meta device: tie lm_head to the embedding
-        if the config says so, and compute the RoPE frequencies where the weights are."""
+        if the config says so, and compute the RoPE frequencies and the KV rows where the weights are."""
         if self.cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.inv_freq = rope_inv_freq(self.cfg).to(self.device)
+        for layer in self.model.layers:
+            layer.self_attn.kv_rows = torch.arange(2 * self.cfg.num_kv_heads, device=self.device)[:, None]
 
     @property
     def device(self) -> torch.device:
@@ -244,7 +249,8 @@ class CausalLM(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.model.embed_tokens.weight.dtype
+        """The dtype it computes in (the final norm's: a quantized model's embedding may be narrower)."""
+        return self.model.norm.weight.dtype
 
     def weight_bytes(self) -> int:
         """Bytes of weights held in memory (packed copies included, a tied tensor once)."""
@@ -291,7 +297,13 @@ class CausalLM(nn.Module):
     ) -> torch.Tensor:
         """[B, vocab] logits of each sequence's last new token ([T, vocab], of every new token, with
         all_positions)."""
-        h = self.model.embed_tokens(fb.input_ids)
+        return self.forward_pass(fb, kv_pool, all_positions)
+
+    def forward_pass(
+        self, fb: ForwardBatch, kv_pool: list[torch.Tensor], all_positions: bool = False
+    ) -> torch.Tensor:
+        """forward_batch's work, without its inference mode (what model/compiled.py compiles)."""
+        h = self.model.embed_tokens(fb.input_ids).to(self.dtype)
         rope = rope_tables(fb.positions, self.inv_freq, h.dtype)
         for layer, pool in zip(self.model.layers, kv_pool, strict=True):
             h = layer(h, rope, fb, pool)
