@@ -140,8 +140,9 @@ class Attention(nn.Module):
         # q, k and v in one matmul: rows [q heads | k heads | v heads] (fused at load time).
         self.qkv_proj = nn.Linear(cfg.hidden_size, (h + 2 * kv) * d, bias=cfg.attention_bias)
         self.o_proj = nn.Linear(h * d, cfg.hidden_size, bias=False)
-        # the pool rows of K and V heads, [2·kv_heads, 1] (tie_and_init_buffers makes it after a meta build)
-        self.register_buffer("kv_rows", torch.arange(2 * kv)[:, None], persistent=False)
+        # the pool rows of K and V heads, [2·kv_heads, 1]: not a buffer, so not counted as weights
+        # (tie_and_init_buffers makes it again where the weights are after a meta build)
+        self.kv_rows = torch.arange(2 * kv)[:, None]
         if cfg.qk_norm:
             self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(d, cfg.rms_norm_eps)

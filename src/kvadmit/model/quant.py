@@ -69,6 +69,7 @@ def int4_quantize(w: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tens
 # 3072 × 576 layer: about 130 rows for int8 (its dequantization is one multiply), about 330 for int4.
 KERNEL_MAX_ROWS = {8: 128, 4: 256}
 PROBE_ROWS = 256  # output rows a layer's probe compares
+QUANTIZE_ROWS = 4096  # a larger int4 matrix is quantized this many rows at a time
 
 
 class Int8Linear(nn.Module):
@@ -120,6 +121,18 @@ class Int4Linear(nn.Module):
             nibbles = (q[:, 0::2] | (q[:, 1::2] << 4)).to(torch.uint8)
         self.register_buffer("nibbles", nibbles, persistent=False)
 
+    @classmethod
+    def concatenate(cls, parts: list[Int4Linear], bias: torch.Tensor | None) -> Int4Linear:
+        """One layer whose output rows are the parts' (each a multiple of 64 rows, packed on its own)."""
+        if any(p.nibbles is not None for p in parts):
+            raise RuntimeError("the kernel's int4 layout is not the known one")
+        out = parts[0]
+        out.packed = torch.cat([p.packed for p in parts])
+        out.scales_zeros = torch.cat([p.scales_zeros for p in parts], dim=1)
+        out.bias = bias
+        out.out_features = out.packed.shape[0]
+        return out
+
     def weight_as(self, dtype: torch.dtype, rows: int | None = None) -> torch.Tensor:
         """(q − 8) · scale + zero, [N, K] in `dtype` (the first `rows` rows only, if given)."""
         n, k, g = self.out_features, self.in_features, self.group_size
@@ -168,8 +181,19 @@ def quantized_twin(linear: nn.Linear, spec: QuantSpec, dtype: torch.dtype) -> In
     if spec.bits == 8:
         q, scales = int8_quantize(w)
         return Int8Linear(q, scales.to(dtype), bias)
-    q, scales, low = int4_quantize(w, spec.group_size)
-    return Int4Linear(q, scales, low, spec.group_size, bias, dtype)
+    if w.shape[0] <= QUANTIZE_ROWS or w.shape[0] % 64:
+        q, scales, low = int4_quantize(w, spec.group_size)
+        return Int4Linear(q, scales, low, spec.group_size, bias, dtype)
+    # A large matrix (an output projection) a block of rows at a time: the kernel packs blocks of 64 rows
+    # on their own, so the packed blocks concatenate; each block's float32 temporaries stay small.
+    parts = [quantized_twin(_rows(w, i), spec, dtype) for i in range(0, w.shape[0], QUANTIZE_ROWS)]
+    return Int4Linear.concatenate(parts, bias)
+
+
+def _rows(w: torch.Tensor, start: int) -> nn.Linear:
+    part = nn.Linear(w.shape[1], min(QUANTIZE_ROWS, w.shape[0] - start), bias=False, device="meta")
+    part.weight = nn.Parameter(w[start : start + QUANTIZE_ROWS], requires_grad=False)
+    return part
 
 
 def try_quantize(linear: nn.Linear, spec: QuantSpec, dtype: torch.dtype) -> Int8Linear | Int4Linear | None:
