@@ -170,6 +170,9 @@ class Attention(nn.Module):
         return self.o_proj(pool_attention(q, k, v, kv_pool, fb))
 
 
+MLP_ROWS = 1024  # rows of activations the MLP takes at once (the default model: 12 MB of float32 per block)
+
+
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -178,6 +181,8 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] > MLP_ROWS:  # a long prefill: its [rows, 2·intermediate] temporaries a block at a time
+            return torch.cat([self.forward(block) for block in x.split(MLP_ROWS)])
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
@@ -205,10 +210,11 @@ class _Body(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
-def fuse_hf_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def fuse_hf_state(state: dict[str, torch.Tensor], consume: bool = False) -> dict[str, torch.Tensor]:
     """A transformers state dict with q/k/v and gate/up concatenated into this model's fused
-    projections. Layers missing a part are left as they are (loading then names what is missing)."""
-    out = dict(state)
+    projections. Layers missing a part are left as they are (loading then names what is missing). With
+    `consume`, `state` itself is changed, so that each part is released as soon as it is fused."""
+    out = state if consume else dict(state)
     fusions = (("self_attn.", ("q_proj", "k_proj", "v_proj"), "qkv_proj"),
                ("mlp.", ("gate_proj", "up_proj"), "gate_up_proj"))  # fmt: skip
     prefixes = {k[: k.index(".self_attn.") + 1] for k in state if ".self_attn.q_proj." in k}

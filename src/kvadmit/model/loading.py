@@ -78,7 +78,7 @@ def load_hf_folder(
     cfg = ModelConfig.from_hf(cfg_dict)
     if cfg.tie_word_embeddings:
         state.pop("lm_head.weight", None)
-    state = fuse_hf_state(state)
+    state = fuse_hf_state(state, consume=True)
     with torch.device("meta"):  # no memory and no random init for weights about to be replaced
         model = CausalLM(cfg)
     expected = set(model.state_dict())

@@ -251,13 +251,14 @@ def quantize_linears(model: nn.Module, name: str, dtype: torch.dtype = torch.bfl
     spec = QUANTIZATIONS[name]
     count = 0
     head = getattr(model, "lm_head", None)
-    for parent in list(model.modules()):
-        for child_name, child in list(parent.named_children()):
-            if isinstance(child, nn.Linear) and child is not head:
-                twin = try_quantize(child, spec, dtype)
-                if twin is not None:
-                    setattr(parent, child_name, twin)
-                    count += 1
+    # (the parents only: a list of every module would keep each replaced weight alive until the end)
+    for parent in [m for m in model.modules() if not isinstance(m, nn.Linear)]:
+        names = [n for n, c in parent.named_children() if isinstance(c, nn.Linear) and c is not head]
+        for child_name in names:
+            twin = try_quantize(getattr(parent, child_name), spec, dtype)
+            if twin is not None:
+                setattr(parent, child_name, twin)
+                count += 1
     if isinstance(head, nn.Linear) and head.bias is None:
         fast, fast_input = try_quantize(head, spec, dtype), None
         if fast is None:  # a shape the kernel does not take: the bf16 weight, oneDNN-packed
