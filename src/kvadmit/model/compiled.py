@@ -68,8 +68,10 @@ class CompiledDecode:
         slot 0 (the padding slot, whose contents only need to stay finite)."""
         device = self.model.device
         for b in sorted({1, min(2, self.max_bs)}):
-            zeros = torch.zeros(b, dtype=torch.long, device=device)
+            # distinct tensors for every field, as a real batch has (dynamo guards on aliasing too: one
+            # tensor passed twice here would make every real batch compile again)
+            ids, positions, slots = (torch.zeros(b, dtype=torch.long, device=device) for _ in range(3))
             gather = torch.zeros((b, 2), dtype=torch.long, device=device)
             key_bias = torch.zeros((1, b, 1, 2), device=device) if b > 1 else None
-            fb = ForwardBatch(zeros, zeros + 1, zeros, torch.arange(b, device=device), gather, key_bias, ())
+            fb = ForwardBatch(ids, positions + 1, slots, torch.arange(b, device=device), gather, key_bias, ())
             self(fb, kv_pool)
