@@ -37,8 +37,9 @@ from machine import cpu_model, publish
 
 HERE = Path(__file__).resolve().parent
 TEXT = HERE.parent / "tests" / "data" / "agreement_text.txt"
-KVADMIT_SIDES = {"float32": ("float32", None), "bfloat16": ("bfloat16", None),
-                 "int8": ("auto", "int8"), "int4": ("auto", "int4")}  # fmt: skip
+KVADMIT_SIDES = {"float32": ("float32", None), "bfloat16": ("bfloat16", None), "int8": ("auto", "int8"),
+                 "int4": ("auto", "int4"), "int4-compiled": ("auto", "int4")}  # fmt: skip
+COMPILED = {"int4-compiled"}  # served with --enable-torch-compile (the same arithmetic as int4 otherwise)
 PROMPT_TOKENS, OUTPUT_TOKENS, CONCURRENCY = 512, 128, 16
 
 
@@ -102,6 +103,7 @@ def start(side: str, ns: argparse.Namespace, gguf: Path) -> tuple[subprocess.Pop
                "--max-total-tokens", "12000", "--max-running-requests", str(CONCURRENCY),
                "--log-level", "warning"]  # fmt: skip
         cmd += ["--quantization", quant] if quant else []
+        cmd += ["--enable-torch-compile"] if side in COMPILED else []
         health = f"http://127.0.0.1:{port}/health"
     log = Path(ns.logs) / f"engine_speed-{side}.log"
     proc = subprocess.Popen(cmd, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
@@ -131,6 +133,8 @@ def measure(side: str, ns: argparse.Namespace, gguf: Path, prompts: list[str], e
         t = time.perf_counter()
         n = completion(side, url, "Write a short story about a lighthouse keeper.", eos)
         single = n / (time.perf_counter() - t)
+        if ns.single_only:
+            return {"single": single, "batched": 0.0, "memory": peak_mb(proc.pid), "outputs": 0}
         t = time.perf_counter()
         with ThreadPoolExecutor(CONCURRENCY) as pool:
             outs = list(pool.map(lambda p: completion(side, url, p, eos), prompts))
@@ -164,12 +168,14 @@ def agreements(folder: Path, tokenizer: object, sides: list[str]) -> dict[str, f
     ids = tokenizer(TEXT.read_text())["input_ids"]  # type: ignore[operator]
     reference = greedy_tokens(load_hf_folder(folder, torch.float32), ids)
     out = {}
-    for side in sides:
+    for side in (s for s in sides if s not in COMPILED):
         dtype, quant = KVADMIT_SIDES[side]
         model = load_hf_folder(
             folder, resolve_dtype(dtype, "cpu", quantized=quant is not None), quantization=quant
         )
         out[side] = agreement(reference, greedy_tokens(model, ids))
+    for side in (s for s in sides if s in COMPILED and "int4" in out):
+        out[side] = out["int4"]
     out["tokens"] = len(ids)
     return out
 
@@ -247,7 +253,8 @@ def side_label(side: str) -> str:
     if side == "llama.cpp":
         return "llama.cpp server (llama-cpp-python, Q4_1 GGUF)"
     dtype, quant = KVADMIT_SIDES[side]
-    return f"kvadmit serve --quantization {quant}" if quant else f"kvadmit serve --dtype {dtype}"
+    flags = f"--quantization {quant}" if quant else f"--dtype {dtype}"
+    return f"kvadmit serve {flags}" + (" --enable-torch-compile" if side in COMPILED else "")
 
 
 def main() -> None:
@@ -257,6 +264,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--sides", default="float32,bfloat16,int8,int4,llama.cpp")
     ap.add_argument("--no-transformers", action="store_true")
+    ap.add_argument("--single-only", action="store_true", help="measure the single stream only (fast)")
     ap.add_argument("--logs", default="/tmp")
     ap.add_argument(
         "--results", metavar="FILE.jsonl", help="append each side's measurement to FILE, and report every "

@@ -201,3 +201,17 @@ def test_a_hub_id_that_cannot_be_fetched_is_one_clear_error(monkeypatch) -> None
     message = str(err.value)
     assert "kvadmit-tests/no-such-model is not a local folder and could not be downloaded" in message
     assert "--model-path" in message
+
+
+def test_safetensors_read_tensor_by_tensor_equals_the_library(tmp_path: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    from kvadmit.model.safetensors_read import read_safetensors
+
+    state = {"a": torch.randn(3, 5).bfloat16(), "b": torch.arange(7, dtype=torch.int64), "c": torch.ones(2)}
+    save_file(state, str(tmp_path / "m.safetensors"), metadata={"format": "pt"})
+    got = read_safetensors(tmp_path / "m.safetensors", lambda name, t: t.float() if name == "a" else t)
+    want = load_file(str(tmp_path / "m.safetensors"))
+    assert set(got) == {"a", "b", "c"} and got["a"].dtype == torch.float32
+    assert torch.equal(got["a"], want["a"].float()) and torch.equal(got["b"], want["b"])
+    assert torch.equal(got["c"], want["c"])

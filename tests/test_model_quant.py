@@ -105,7 +105,7 @@ def test_the_refined_head_returns_float32_logits_for_its_top_tokens() -> None:
     packed = try_pack(bf16)
     if packed is None:
         pytest.skip("this torch cannot pack bf16 linear layers")
-    head = RefinedHead(packed, lin.weight, refine=4)
+    head = RefinedHead(packed, lin.weight, refine=4, fast_input=torch.bfloat16)
     x = torch.randn(3, 64)
     got, exact = head(x), x @ lin.weight.T
     top = got.topk(4, dim=-1).indices
@@ -157,3 +157,30 @@ def test_many_rows_dequantize_and_agree_with_the_kernel(name: str) -> None:
     by_kernel = torch.cat([twin(x[:rows]), twin(x[rows:])])
     torch.testing.assert_close(twin(x), by_kernel, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(twin(x), x @ twin.dequantized().T + twin.bias, rtol=1e-5, atol=1e-5)
+
+
+def test_a_large_int4_matrix_quantized_in_blocks_equals_the_whole() -> None:
+    """Above QUANTIZE_ROWS rows the twin is built a block at a time: the same packed weights, scales and
+    product as quantizing the whole matrix at once (here 4096 + 128 rows: two blocks)."""
+    from kvadmit.model.quant import QUANTIZE_ROWS, unpack_cpu_int4
+
+    torch.manual_seed(3)
+    lin = _linear(QUANTIZE_ROWS + 128, 64, False)
+    blocks = quantized_twin(lin, QUANTIZATIONS["int4"], torch.bfloat16)
+    q, scales, low = int4_quantize(lin.weight, 32)
+    whole = Int4Linear(q, scales, low, 32, None, torch.bfloat16)
+    assert blocks.nibbles is None and blocks.out_features == QUANTIZE_ROWS + 128
+    assert torch.equal(unpack_cpu_int4(blocks.packed, QUANTIZE_ROWS + 128, 64), q.to(torch.uint8))
+    assert torch.equal(blocks.scales_zeros, whole.scales_zeros)
+    x = torch.randn(2, 64)
+    assert torch.equal(blocks(x), whole(x))
+
+
+def test_the_refined_head_over_an_int4_twin_returns_float32_logits_for_its_top_tokens() -> None:
+    lin = _linear(256, 64, False)
+    head = RefinedHead(quantized_twin(lin, QUANTIZATIONS["int4"], torch.bfloat16), lin.weight, refine=16)
+    x = torch.randn(3, 64)
+    got, exact = head(x), x @ lin.weight.T
+    fast_top = head.fast(x).float().topk(16, dim=-1).indices  # the rows recomputed in float32
+    torch.testing.assert_close(got.gather(-1, fast_top), exact.gather(-1, fast_top), rtol=1e-6, atol=1e-6)
+    assert torch.equal(got.argmax(-1), exact.argmax(-1))

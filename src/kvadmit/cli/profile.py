@@ -43,6 +43,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     )
     add_model_flags(p)  # as kvadmit serve loads the model, so the profile times the server's executor
     p.add_argument("-o", "--output", metavar="FILE", help="write the cost model (JSON) here")
+    p.add_argument(
+        "--enable-torch-compile",
+        action="store_true",
+        help="time decode batches of up to --torch-compile-max-bs requests compiled, as serve runs them",
+    )
+    p.add_argument("--torch-compile-max-bs", type=int, default=32)  # SGLang 0.5.22's default
     for flag, default, what in GRID:
         shown = ",".join(map(str, default))
         p.add_argument(flag, type=_ints, default=None, help=f"{what} (default: {shown})")
@@ -209,6 +215,7 @@ def _averaged(ns: argparse.Namespace) -> CostModel:
     given += ["--model-path"] if ns.model_path is not None else []
     given += [f"--{k}" for k in ("dtype", "device") if getattr(ns, k) != "auto"]
     given += ["--quantization"] if ns.quantization is not None else []  # unquant too: it measures nothing
+    given += ["--enable-torch-compile"] if ns.enable_torch_compile else []
     if given:
         raise UsageError(f"--average measures nothing: {', '.join(given)} cannot go with it")
     try:
@@ -261,8 +268,11 @@ def _measured(ns: argparse.Namespace) -> CostModel:
             f"{what}: {m.requests} request(s), {m.tokens} {unit}: {1000 * m.seconds:.2f} ms", file=sys.stderr
         )
 
-    profile = profile_model(model, repeats=repeats, progress=show, **grid)
-    precision = str(dtype).removeprefix("torch.") + (
-        f", {ns.quantization} weights" if ns.quantization else ""
+    compile_max_bs = ns.torch_compile_max_bs if ns.enable_torch_compile else None
+    profile = profile_model(model, repeats=repeats, progress=show, compile_max_bs=compile_max_bs, **grid)
+    precision = (
+        str(dtype).removeprefix("torch.")
+        + (f", {ns.quantization} weights" if ns.quantization else "")
+        + (f", compiled decode up to batch {compile_max_bs}" if compile_max_bs else "")
     )
     return with_metadata(profile, folder.name, precision)

@@ -87,6 +87,7 @@ def profile_model(
     prefill_requests: Sequence[int] = (1, 4),
     repeats: int = 3,
     progress: Callable[[Measurement], None] | None = None,
+    compile_max_bs: int | None = None,
 ) -> Profile:
     vocab = model.cfg.vocab_size
     pool = max(
@@ -94,7 +95,7 @@ def profile_model(
         max(prefill_lens) * max(prefill_requests),
         2 * LOOP_REQUESTS * (LOOP_PROMPT + LOOP_OUTPUT),  # room for all of them at once
     )
-    executor = TorchExecutor(model, pool)
+    executor = TorchExecutor(model, pool, compile_max_bs=compile_max_bs)
     settle(executor, _decode_batch(min(batch_sizes), min(context_lens), vocab))
     found: list[Measurement] = []
 

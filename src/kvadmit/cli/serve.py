@@ -44,6 +44,18 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
                    "unsent (and with the end)")  # fmt: skip
     g.add_argument("--watchdog-timeout", type=float, default=300.0,
                    help="/health: 503 after this long without a step while work is pending")  # fmt: skip
+    g.add_argument(
+        "--enable-torch-compile",
+        action="store_true",
+        help="decode batches of up to --torch-compile-max-bs requests through torch.compile, "
+        "compiled at start-up (minutes the first time; inductor's cache keeps it for later starts)",
+    )
+    g.add_argument(
+        "--torch-compile-max-bs",
+        type=int,
+        default=32,  # SGLang 0.5.22's default
+        help="larger decode batches and every prefill run eagerly (default %(default)s)",
+    )
     add_kvadmit_serve_flags(p)
 
 

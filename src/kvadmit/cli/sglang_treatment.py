@@ -48,6 +48,8 @@ IMPLEMENTED: dict[str, str] = {
     "stream_interval": "--stream-interval",
     "disable_overlap_schedule": "--disable-overlap-schedule",
     "enable_mixed_chunk": "--enable-mixed-chunk",
+    "enable_torch_compile": "--enable-torch-compile",
+    "torch_compile_max_bs": "--torch-compile-max-bs",
     "config": "--config",
     # priority scheduling (scheduler/priority.py)
     "enable_priority_scheduling": "--enable-priority-scheduling",

@@ -15,6 +15,7 @@ import time
 import torch
 
 from kvadmit.executor.base import StepResult
+from kvadmit.model.compiled import CompiledDecode
 from kvadmit.model.forward_batch import ForwardBatch, Sequence
 from kvadmit.model.llama import CausalLM
 from kvadmit.model.sampling import Sampler, token_logprob
@@ -23,10 +24,17 @@ from kvadmit.scheduler.types import ScheduledBatch
 
 class TorchExecutor:
     def __init__(
-        self, model: CausalLM, pool_size: int, dtype: torch.dtype | None = None, seed: int = 0
-    ) -> None:
+        self, model: CausalLM, pool_size: int, dtype: torch.dtype | None = None, seed: int = 0,
+        compile_max_bs: int | None = None,
+    ) -> None:  # fmt: skip
+        """compile_max_bs: decode batches of up to that many requests through torch.compile (compiled now,
+        model/compiled.py); None: all eager."""
         self.model = model
         self.kv_pool = model.new_kv_pool(pool_size, dtype)
+        self.compiled: CompiledDecode | None = None
+        if compile_max_bs is not None:
+            self.compiled = CompiledDecode(model, compile_max_bs)
+            self.compiled.warm_up(self.kv_pool)
         self.sampler = Sampler(seed)
         # the requests whose tokens' log probabilities are kept: rid → how many top tokens' too
         self.logprob_rids: dict[str, int] = {}
@@ -57,7 +65,11 @@ class TorchExecutor:
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> StepResult:
         start = time.perf_counter()
-        logits = self.model.forward_batch(self.forward_batch(batch), self.kv_pool)
+        fb = self.forward_batch(batch)
+        if self.compiled is not None and self.compiled.applies(fb):
+            logits = self.compiled(fb, self.kv_pool)
+        else:
+            logits = self.model.forward_batch(fb, self.kv_pool)
         logits = logits.float()  # exact; and argmax over bf16 is slow on CPU
         tokens = logits.argmax(dim=-1).tolist()  # the step's one device-to-host sync
         for i, req in enumerate(batch.reqs):

@@ -5,7 +5,7 @@ A pass computes the new tokens of B sequences: a ragged prefill, or one token ea
 `ctx_b` tokens in its slots, the last `n_b` of them new. A layer's pool is one tensor [2·kv_heads, slots,
 head_dim] (K heads, then V heads), so that gathering slots yields each head's keys as one contiguous block.
 
-* Decode: one gather of every sequence's slots into a padded [2·kv_heads, B, L] layout (L = the longest
+* Decode: one gather of every sequence's slots into a padded [2·kv_heads, B, L, dim] layout (L = the longest
   context; padding points at slot 0 and is masked out), then attention for the whole batch in two batched
   matmuls: each KV head's `groups` query heads against its keys (in the model's dtype, or float32 for a
   single sequence), softmax in float32 (as transformers' eager attention does).
@@ -48,7 +48,7 @@ class ForwardBatch:
     positions: torch.Tensor  # [T]
     out_slots: torch.Tensor  # [T] where the new tokens' K and V are written
     last: torch.Tensor  # [B] index into T of each sequence's last new token
-    gather: torch.Tensor | None  # decode: [B·L] every sequence's slots, each padded to L with slot 0
+    gather: torch.Tensor | None  # decode: [B, L] every sequence's slots, each padded to L with slot 0
     key_bias: torch.Tensor | None  # decode: [1, B, 1, L] 0 for a key, −inf for padding; None: no padding
     prefill: tuple[PrefillPart, ...]  # prefill: one part per sequence; empty for decode
 
@@ -72,7 +72,7 @@ class ForwardBatch:
         parts: list[PrefillPart] = []
         if all(n == 1 for n in new):
             length = max(ctx)
-            gather = torch.nn.utils.rnn.pad_sequence([s.slots for s in seqs], batch_first=True).view(-1)
+            gather = torch.nn.utils.rnn.pad_sequence([s.slots for s in seqs], batch_first=True)
             if any(c != length for c in ctx):
                 padding = torch.arange(length)[None, :] >= torch.tensor(ctx)[:, None]  # [B, L]
                 key_bias = torch.zeros(padding.shape).masked_fill_(padding, float("-inf"))[None, :, None]
@@ -136,7 +136,7 @@ def _decode_attention(
     # A single sequence is computed in float32: its matrices are tiny, and tiny bf16 matmuls are slower
     # than float32 ones on CPU. A batch keeps the model's dtype (scores in it, softmax in float32).
     dtype = torch.float32 if b == 1 else q.dtype
-    kv = kv_pool.index_select(1, gather).view(2 * kv_heads, b, -1, dim).to(dtype)  # [2·kv, B, L, dim]
+    kv = kv_pool.index_select(1, gather.view(-1)).view(2 * kv_heads, b, gather.shape[1], dim).to(dtype)
     keys, values = kv[:kv_heads], kv[kv_heads:]
     # Heads are kv_head·groups + group: [B, heads, dim] → [kv_heads, B, groups, dim].
     queries = q.view(b, kv_heads, -1, dim).transpose(0, 1).to(dtype)

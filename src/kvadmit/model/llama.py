@@ -140,6 +140,9 @@ class Attention(nn.Module):
         # q, k and v in one matmul: rows [q heads | k heads | v heads] (fused at load time).
         self.qkv_proj = nn.Linear(cfg.hidden_size, (h + 2 * kv) * d, bias=cfg.attention_bias)
         self.o_proj = nn.Linear(h * d, cfg.hidden_size, bias=False)
+        # the pool rows of K and V heads, [2·kv_heads, 1]: not a buffer, so not counted as weights
+        # (tie_and_init_buffers makes it again where the weights are after a meta build)
+        self.kv_rows = torch.arange(2 * kv)[:, None]
         if cfg.qk_norm:
             self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
@@ -161,9 +164,13 @@ class Attention(nn.Module):
         qk = apply_rope(qk, rope)
         q, k, v = qk[:, :h], qk[:, h:], qkv[:, h + kv :]
         # The new tokens' K and V go into their slots first, so that they attend to themselves too.
-        kv_pool[:kv].index_copy_(1, fb.out_slots, k.transpose(0, 1).to(kv_pool.dtype))
-        kv_pool[kv:].index_copy_(1, fb.out_slots, v.transpose(0, 1).to(kv_pool.dtype))
+        # One indexed write of both (index_put_: torch.compile updates the pool in place with it).
+        new_kv = torch.cat((k, v), dim=1).transpose(0, 1).to(kv_pool.dtype)  # [2·kv_heads, T, dim]
+        kv_pool.index_put_((self.kv_rows, fb.out_slots[None, :]), new_kv)
         return self.o_proj(pool_attention(q, k, v, kv_pool, fb))
+
+
+MLP_ROWS = 1024  # rows of activations the MLP takes at once (the default model: 12 MB of float32 per block)
 
 
 class MLP(nn.Module):
@@ -174,6 +181,8 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] > MLP_ROWS:  # a long prefill: its [rows, 2·intermediate] temporaries a block at a time
+            return torch.cat([self.forward(block) for block in x.split(MLP_ROWS)])
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
@@ -201,10 +210,11 @@ class _Body(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
-def fuse_hf_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def fuse_hf_state(state: dict[str, torch.Tensor], consume: bool = False) -> dict[str, torch.Tensor]:
     """A transformers state dict with q/k/v and gate/up concatenated into this model's fused
-    projections. Layers missing a part are left as they are (loading then names what is missing)."""
-    out = dict(state)
+    projections. Layers missing a part are left as they are (loading then names what is missing). With
+    `consume`, `state` itself is changed, so that each part is released as soon as it is fused."""
+    out = state if consume else dict(state)
     fusions = (("self_attn.", ("q_proj", "k_proj", "v_proj"), "qkv_proj"),
                ("mlp.", ("gate_proj", "up_proj"), "gate_up_proj"))  # fmt: skip
     prefixes = {k[: k.index(".self_attn.") + 1] for k in state if ".self_attn.q_proj." in k}
@@ -233,10 +243,12 @@ class CausalLM(nn.Module):
 
     def tie_and_init_buffers(self) -> None:
         """After loading weights into a model built on the meta device: tie lm_head to the embedding
-        if the config says so, and compute the RoPE frequencies where the weights are."""
+        if the config says so, and compute the RoPE frequencies and the KV rows where the weights are."""
         if self.cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.inv_freq = rope_inv_freq(self.cfg).to(self.device)
+        for layer in self.model.layers:
+            layer.self_attn.kv_rows = torch.arange(2 * self.cfg.num_kv_heads, device=self.device)[:, None]
 
     @property
     def device(self) -> torch.device:
@@ -244,7 +256,8 @@ class CausalLM(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.model.embed_tokens.weight.dtype
+        """The dtype it computes in (the final norm's: a quantized model's embedding may be narrower)."""
+        return self.model.norm.weight.dtype
 
     def weight_bytes(self) -> int:
         """Bytes of weights held in memory (packed copies included, a tied tensor once)."""
@@ -291,7 +304,13 @@ class CausalLM(nn.Module):
     ) -> torch.Tensor:
         """[B, vocab] logits of each sequence's last new token ([T, vocab], of every new token, with
         all_positions)."""
-        h = self.model.embed_tokens(fb.input_ids)
+        return self.forward_pass(fb, kv_pool, all_positions)
+
+    def forward_pass(
+        self, fb: ForwardBatch, kv_pool: list[torch.Tensor], all_positions: bool = False
+    ) -> torch.Tensor:
+        """forward_batch's work, without its inference mode (what model/compiled.py compiles)."""
+        h = self.model.embed_tokens(fb.input_ids).to(self.dtype)
         rope = rope_tables(fb.positions, self.inv_freq, h.dtype)
         for layer, pool in zip(self.model.layers, kv_pool, strict=True):
             h = layer(h, rope, fb, pool)

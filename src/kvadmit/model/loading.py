@@ -41,10 +41,9 @@ def load_hf_folder(
     """The model in `folder`, in `dtype` on `device`. With `quantization` (a name of quant.QUANTIZATIONS)
     its linear layers get quantized weights (quant.py); else on CPU in bf16 they are packed for oneDNN
     (cpu_pack.py) unless `pack` is False."""
-    from safetensors.torch import load_file
-
     from kvadmit.model.cpu_pack import pack_linears, return_freed_memory
     from kvadmit.model.quant import NO_QUANTIZATION, quantize_linears
+    from kvadmit.model.safetensors_read import read_safetensors
 
     folder = Path(path)
     check_quantization(quantization, device)
@@ -65,16 +64,21 @@ def load_hf_folder(
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise ModelLoadError(f"{folder} has no *.safetensors weights")
+
+    def convert(name: str, t: torch.Tensor) -> torch.Tensor:
+        load_dtype = _load_dtype(name, t, dtype, quantization)
+        return t if load_dtype == t.dtype and device == "cpu" else t.to(device=device, dtype=load_dtype)
+
     state: dict[str, torch.Tensor] = {}
     for f in files:
         try:
-            state.update(load_file(str(f)))
+            state.update(read_safetensors(f, convert))
         except Exception as e:
             raise ModelLoadError(f"{f}: not a readable safetensors file ({e})") from None
     cfg = ModelConfig.from_hf(cfg_dict)
     if cfg.tie_word_embeddings:
         state.pop("lm_head.weight", None)
-    state = fuse_hf_state(state)
+    state = fuse_hf_state(state, consume=True)
     with torch.device("meta"):  # no memory and no random init for weights about to be replaced
         model = CausalLM(cfg)
     expected = set(model.state_dict())
@@ -86,17 +90,25 @@ def load_hf_folder(
             f"{folder}: weights do not match the architecture (missing {missing[:3]}, "
             f"unexpected {unexpected[:3]})"
         )
-    # One tensor at a time, so that at most one extra copy exists; always a copy, so that no weight stays
-    # a view of the memory-mapped file (that would keep all of the file's pages mapped once touched).
-    for name in list(state):
-        state[name] = state[name].to(device=device, dtype=dtype, copy=True)
     model.load_state_dict(state, strict=False, assign=True)
     del state
     model.tie_and_init_buffers()
     model.eval()
     if quantization is not None:
         quantize_linears(model, quantization)  # its kernels take bf16 inputs, whatever the model computes in
+        for m in model.modules():  # a layer the kernels could not take computes in the model's dtype
+            if isinstance(m, torch.nn.Linear) and m.weight.dtype != dtype:
+                m.weight = torch.nn.Parameter(m.weight.detach().to(dtype), requires_grad=False)
         return_freed_memory()
     elif pack and model.device.type == "cpu":
         pack_linears(model)
     return model
+
+
+def _load_dtype(name: str, t: torch.Tensor, dtype: torch.dtype, quantization: str | None) -> torch.dtype:
+    """The dtype a checkpoint tensor is loaded in: the model's, except under quantization, where the linear
+    layers' weights (about to be quantized) and the embedding (rows looked up, then widened: exact) stay
+    in the checkpoint's 16-bit dtype, instead of a float32 copy of the whole model at load time."""
+    narrow = t.dtype in (torch.bfloat16, torch.float16) and t.element_size() < dtype.itemsize
+    weight = name.endswith("_proj.weight") or name in ("lm_head.weight", "model.embed_tokens.weight")
+    return t.dtype if quantization is not None and narrow and weight else dtype

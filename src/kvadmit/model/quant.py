@@ -12,9 +12,9 @@ matmul's input to bfloat16, the activation dtype these kernels are fast with (fl
 slow path, 10–50× slower on the machine measured in benchmarks/engine_speed.txt); scales are kept in it,
 as the kernels require. Each layer is probed once against the weights dequantized by hand (`dequantized`);
 a layer whose shape the kernel cannot take, or whose product differs, stays as it was. The output
-projection is not quantized: 4 or 8 bits there moved the default model's greedy tokens (int8 cost ~3
-points of agreement with float32, 4 bits changed the Paris answer). It becomes a RefinedHead: bf16
-logits, the best few recomputed in float32. The KV pool is bf16.
+projection alone quantized moved the default model's greedy tokens (int8 cost ~3 points of agreement
+with float32, 4 bits changed the Paris answer), so it becomes a RefinedHead: logits through its quantized
+twin, the best 16 recomputed in float32 from the exact weight. The KV pool is bf16.
 """
 
 from __future__ import annotations
@@ -68,6 +68,8 @@ def int4_quantize(w: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tens
 # dequantizing costs the same at any row count. Where the two cross, from single-thread timings of SmolLM2's
 # 3072 × 576 layer: about 130 rows for int8 (its dequantization is one multiply), about 330 for int4.
 KERNEL_MAX_ROWS = {8: 128, 4: 256}
+PROBE_ROWS = 256  # output rows a layer's probe compares
+QUANTIZE_ROWS = 4096  # a larger int4 matrix is quantized this many rows at a time
 
 
 class Int8Linear(nn.Module):
@@ -78,12 +80,12 @@ class Int8Linear(nn.Module):
         self.register_buffer("bias", bias, persistent=False)
         self.out_features, self.in_features = q.shape
 
-    def weight_as(self, dtype: torch.dtype) -> torch.Tensor:
-        return self.qweight.to(dtype) * self.scales.to(dtype)[:, None]
+    def weight_as(self, dtype: torch.dtype, rows: int | None = None) -> torch.Tensor:
+        return self.qweight[:rows].to(dtype) * self.scales[:rows].to(dtype)[:, None]
 
-    def dequantized(self) -> torch.Tensor:
-        """The weight this layer multiplies by, [N, K] float32: scale · q."""
-        return self.weight_as(torch.float32)
+    def dequantized(self, rows: int | None = None) -> torch.Tensor:
+        """The weight this layer multiplies by, [N, K] float32: scale · q (the first `rows` rows if given)."""
+        return self.weight_as(torch.float32, rows)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features).to(self.scales.dtype)
@@ -112,22 +114,42 @@ class Int4Linear(nn.Module):
         )
         self.register_buffer("scales_zeros", scales_zeros.to(dtype), persistent=False)
         self.register_buffer("bias", bias, persistent=False)
-        # Our own copy for dequantizing (the kernel's layout is its own): two values a byte, even inputs
-        # in the low nibble; scale and zero as [N, K/G, 1] each.
-        self.register_buffer("nibbles", (q[:, 0::2] | (q[:, 1::2] << 4)).to(torch.uint8), persistent=False)
-        self.register_buffer("group_scale", scales.to(dtype)[..., None], persistent=False)
-        self.register_buffer("group_zero", (low + 8 * scales).to(dtype)[..., None], persistent=False)
+        # Dequantizing (for long prefills) reads the nibbles back from the kernel's own copy when its layout
+        # is the one unpack_cpu_int4 knows (checked here); else from our own copy, two values a byte.
+        nibbles = None
+        if not torch.equal(unpack_cpu_int4(self.packed, n, k), q.to(torch.uint8)):
+            nibbles = (q[:, 0::2] | (q[:, 1::2] << 4)).to(torch.uint8)
+        self.register_buffer("nibbles", nibbles, persistent=False)
 
-    def weight_as(self, dtype: torch.dtype) -> torch.Tensor:
-        """(q − 8) · scale + zero, [N, K] in `dtype`."""
+    @classmethod
+    def concatenate(cls, parts: list[Int4Linear], bias: torch.Tensor | None) -> Int4Linear:
+        """One layer whose output rows are the parts' (each a multiple of 64 rows, packed on its own)."""
+        if any(p.nibbles is not None for p in parts):
+            raise RuntimeError("the kernel's int4 layout is not the known one")
+        out = parts[0]
+        out.packed = torch.cat([p.packed for p in parts])
+        out.scales_zeros = torch.cat([p.scales_zeros for p in parts], dim=1)
+        out.bias = bias
+        out.out_features = out.packed.shape[0]
+        return out
+
+    def weight_as(self, dtype: torch.dtype, rows: int | None = None) -> torch.Tensor:
+        """(q − 8) · scale + zero, [N, K] in `dtype` (the first `rows` rows only, if given)."""
         n, k, g = self.out_features, self.in_features, self.group_size
-        q = torch.stack((self.nibbles & 15, self.nibbles >> 4), dim=-1).view(n, k // g, g).to(dtype)
-        return torch.addcmul(self.group_zero.to(dtype), q - 8, self.group_scale.to(dtype)).view(n, k)
+        n = n if rows is None else min(rows, n)
+        if self.nibbles is None:  # whole blocks of 64 rows, then the first n of them
+            blocks = -(-n // 64) * 64
+            q = unpack_cpu_int4(self.packed[:blocks], blocks, k)[:n]
+        else:
+            q = torch.stack((self.nibbles[:n] & 15, self.nibbles[:n] >> 4), dim=-1).view(n, k)
+        q = q.view(n, k // g, g).to(dtype)
+        scale_zero = self.scales_zeros[:, :n].transpose(0, 1).to(dtype)  # [N, K/G, 2]
+        return torch.addcmul(scale_zero[..., 1:], q - 8, scale_zero[..., :1]).reshape(n, k)
 
-    def dequantized(self) -> torch.Tensor:
+    def dequantized(self, rows: int | None = None) -> torch.Tensor:
         """The weight this layer multiplies by, [N, K] float32, with the scale and zero as stored (rounded
         to the activation dtype)."""
-        return self.weight_as(torch.float32)
+        return self.weight_as(torch.float32, rows)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features).to(self.scales_zeros.dtype)
@@ -142,6 +164,16 @@ class Int4Linear(nn.Module):
         return out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
 
 
+def unpack_cpu_int4(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
+    """q [N, K] (uint8, 0..15) back from `_convert_weight_to_int4pack_for_cpu`'s layout as measured on
+    torch 2.13: blocks of 64 output rows; within a block, input after input, a byte per row pair (i, 32+i),
+    row i in the low nibble. Int4Linear checks this against the q it packed before relying on it."""
+    if n % 64 or packed.shape != (n, k // 2):
+        return torch.full((n, k), 255, dtype=torch.uint8)
+    nib = torch.stack((packed & 15, packed >> 4), dim=-1).view(n // 64, k, 32, 2)
+    return nib.permute(0, 3, 2, 1).reshape(n, k)
+
+
 def quantized_twin(linear: nn.Linear, spec: QuantSpec, dtype: torch.dtype) -> Int8Linear | Int4Linear:
     """The quantized copy of a linear layer (not yet probed)."""
     w = linear.weight.detach()
@@ -149,8 +181,19 @@ def quantized_twin(linear: nn.Linear, spec: QuantSpec, dtype: torch.dtype) -> In
     if spec.bits == 8:
         q, scales = int8_quantize(w)
         return Int8Linear(q, scales.to(dtype), bias)
-    q, scales, low = int4_quantize(w, spec.group_size)
-    return Int4Linear(q, scales, low, spec.group_size, bias, dtype)
+    if w.shape[0] <= QUANTIZE_ROWS or w.shape[0] % 64:
+        q, scales, low = int4_quantize(w, spec.group_size)
+        return Int4Linear(q, scales, low, spec.group_size, bias, dtype)
+    # A large matrix (an output projection) a block of rows at a time: the kernel packs blocks of 64 rows
+    # on their own, so the packed blocks concatenate; each block's float32 temporaries stay small.
+    parts = [quantized_twin(_rows(w, i), spec, dtype) for i in range(0, w.shape[0], QUANTIZE_ROWS)]
+    return Int4Linear.concatenate(parts, bias)
+
+
+def _rows(w: torch.Tensor, start: int) -> nn.Linear:
+    part = nn.Linear(w.shape[1], min(QUANTIZE_ROWS, w.shape[0] - start), bias=False, device="meta")
+    part.weight = nn.Parameter(w[start : start + QUANTIZE_ROWS], requires_grad=False)
+    return part
 
 
 def try_quantize(linear: nn.Linear, spec: QuantSpec, dtype: torch.dtype) -> Int8Linear | Int4Linear | None:
@@ -162,10 +205,11 @@ def try_quantize(linear: nn.Linear, spec: QuantSpec, dtype: torch.dtype) -> Int8
     try:
         twin = quantized_twin(linear, spec, dtype)
         probe = torch.linspace(-1, 1, 3 * w.shape[1], dtype=torch.float32).view(3, w.shape[1])
-        got = twin(probe.to(dtype)).float()
-        want = probe.to(dtype).float() @ twin.dequantized().T
+        rows = min(PROBE_ROWS, w.shape[0])  # (an output projection has 50k rows; a few hundred tell)
+        got = twin(probe.to(dtype)).float()[:, :rows]
+        want = probe.to(dtype).float() @ twin.dequantized(rows).T
         if twin.bias is not None:
-            want = want + twin.bias.float()
+            want = want + twin.bias[:rows].float()
         # bf16 output rounding (2^-8 relative) plus summation order: a wrong layout is off by O(1)
         same = torch.allclose(got, want, rtol=2e-2, atol=2e-2 * float(want.abs().max()) + 1e-6)
     except (RuntimeError, AttributeError):
@@ -174,49 +218,56 @@ def try_quantize(linear: nn.Linear, spec: QuantSpec, dtype: torch.dtype) -> Int8
 
 
 class RefinedHead(nn.Module):
-    """The output projection of a float32 model in two passes: every logit in bfloat16 (the oneDNN-packed
-    weight, cpu_pack.py: its input and output are rounded to bf16), then the `refine` largest of each row
-    recomputed in float32 from the float32 weight's rows and written back. Greedy decoding then picks the
-    float32 model's token unless that token is not among the bf16 pass's top `refine` (bf16 rounding moves
-    a logit by a few thousandths of its size: far less than the gap to the 8th best)."""
+    """The output projection of a float32 model in two passes: every logit through a fast approximation
+    of the weight (`fast`: its quantized twin), then the `refine` largest of each row recomputed in float32
+    from the exact weight's rows and written back. Greedy decoding then picks the float32 model's token
+    unless that token is not among the fast pass's top `refine`. `weight` is the embedding table when tied
+    (not a copy), in the checkpoint's dtype (bf16 rows are exact in float32)."""
 
-    def __init__(self, packed: nn.Module, weight: torch.Tensor, refine: int = 8) -> None:
+    def __init__(
+        self, fast: nn.Module, weight: torch.Tensor, refine: int = 16, fast_input: torch.dtype | None = None
+    ) -> None:
         super().__init__()
-        self.fast = packed
-        self.weight = weight  # float32 [vocab, hidden]: the embedding table when tied (not a copy)
+        self.fast = fast
+        self.fast_input = fast_input  # the dtype `fast` takes, if it does not convert its input itself
+        self.weight = weight  # [vocab, hidden]
         self.refine = refine
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        logits = self.fast(x.to(torch.bfloat16)).float()
+        logits = self.fast(x if self.fast_input is None else x.to(self.fast_input)).float()
         top = logits.topk(self.refine, dim=-1).indices  # [B, refine]
-        exact = torch.einsum("bkh,bh->bk", self.weight[top], x.float())
+        exact = torch.einsum("bkh,bh->bk", self.weight[top].float(), x.float())
         return logits.scatter_(-1, top, exact)
 
 
 def quantize_linears(model: nn.Module, name: str, dtype: torch.dtype = torch.bfloat16) -> int:
     """Replace every quantizable nn.Linear of the decoder layers by its quantized twin per
     QUANTIZATIONS[name], whose kernels take `dtype` activations; returns how many were. The output
-    projection (`model.lm_head`) becomes a RefinedHead when the model is float32."""
+    projection (`model.lm_head`) becomes a RefinedHead over its own quantized twin (4 or 8 bits alone moved
+    the default model's greedy tokens: int8 cost ~3 points of agreement with float32, 4 bits changed the
+    Paris answer; refining the best 16 in float32 restores them: tests/test_quant_quality.py)."""
     from kvadmit.model.cpu_pack import try_pack
 
     spec = QUANTIZATIONS[name]
     count = 0
     head = getattr(model, "lm_head", None)
-    for parent in list(model.modules()):
-        for child_name, child in list(parent.named_children()):
-            if isinstance(child, nn.Linear) and child is not head:
-                twin = try_quantize(child, spec, dtype)
-                if twin is not None:
-                    setattr(parent, child_name, twin)
-                    count += 1
-    if isinstance(head, nn.Linear) and head.weight.dtype == torch.float32:
-        w = head.weight.detach()
-        bf16 = nn.Linear(w.shape[1], w.shape[0], bias=False, device="meta")
-        bf16.weight = nn.Parameter(w.to(torch.bfloat16), requires_grad=False)
-        packed = try_pack(bf16)
-        if packed is not None and head.bias is None:
-            model.lm_head = RefinedHead(packed, w)
-            # The KV pool in bf16 too: half the memory of float32's (1 point less of greedy agreement on
-            # the default model: benchmarks/engine_speed.txt)
+    # (the parents only: a list of every module would keep each replaced weight alive until the end)
+    for parent in [m for m in model.modules() if not isinstance(m, nn.Linear)]:
+        names = [n for n, c in parent.named_children() if isinstance(c, nn.Linear) and c is not head]
+        for child_name in names:
+            twin = try_quantize(getattr(parent, child_name), spec, dtype)
+            if twin is not None:
+                setattr(parent, child_name, twin)
+                count += 1
+    if isinstance(head, nn.Linear) and head.bias is None:
+        fast, fast_input = try_quantize(head, spec, dtype), None
+        if fast is None:  # a shape the kernel does not take: the bf16 weight, oneDNN-packed
+            bf16 = nn.Linear(head.in_features, head.out_features, bias=False, device="meta")
+            bf16.weight = nn.Parameter(head.weight.detach().to(torch.bfloat16), requires_grad=False)
+            fast, fast_input = try_pack(bf16), torch.bfloat16
+        if fast is not None:
+            model.lm_head = RefinedHead(fast, head.weight.detach(), fast_input=fast_input)
+            # The KV pool in bf16: half the memory of float32's (1 point less of greedy agreement on the
+            # default model: benchmarks/engine_speed.txt)
             model.kv_dtype = torch.bfloat16
     return count

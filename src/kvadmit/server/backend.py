@@ -127,8 +127,10 @@ def model_backend(
     mem_fraction_static: float | None,
     context_length: int | None,
     quantization: str | None = None,
+    compile_max_bs: int | None = None,
 ) -> Backend:
-    """Load the model (the default one when model_path is None) and size the pool."""
+    """Load the model (the default one when model_path is None) and size the pool; decode batches of up to
+    compile_max_bs requests through torch.compile when given."""
     from kvadmit.executor.torch_runner import TorchExecutor
     from kvadmit.model.runtime import load_model
 
@@ -137,7 +139,7 @@ def model_backend(
         max_total_tokens=max_total_tokens, mem_fraction_static=mem_fraction_static, quantization=quantization,
     )  # fmt: skip
     eos = m.tokenizer.eos_token_id
-    executor = TorchExecutor(m.model, m.pool_size)
+    executor = TorchExecutor(m.model, m.pool_size, compile_max_bs=compile_max_bs)
     return Backend(
         tokenizer=m.tokenizer,
         executor=executor,

@@ -86,7 +86,7 @@ def build_state(ns: argparse.Namespace, args: ServerArgs) -> Any:
             backend = model_backend(
                 ns.model_path, ns.tokenizer_path, ns.dtype, None if ns.device == "auto" else ns.device,
                 args.max_total_tokens, ns.mem_fraction_static, args.context_length, ns.quantization,
-            )  # fmt: skip
+                ns.torch_compile_max_bs if ns.enable_torch_compile else None)  # fmt: skip
         except (ModelLoadError, DefaultModelError, OSError, ValueError) as e:
             raise UsageError(f"cannot load the model: {e}") from None
     name = ns.served_model_name or (

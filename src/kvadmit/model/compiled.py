@@ -1,0 +1,77 @@
+"""Decode steps through torch.compile (`--enable-torch-compile`, `--torch-compile-max-bs`).
+
+A decode batch of at most `max_bs` sequences runs the whole model (30 layers of small operations at the
+default model's size, where Python and the dispatcher cost as much as the matmuls) as one inductor graph:
+its norms, rotary embedding, dtype conversions and attention fused into a few C++ loops, the quantized
+matmuls left as calls to their kernels. Larger batches and prefills run eagerly, as SGLang falls back above
+its max-bs.
+
+Two graphs cover every batch: one sequence (its context length symbolic), and 2..max_bs sequences (batch
+size and context length both symbolic, every sequence padded to the longest with a key mask). Both are
+compiled at start-up (`warm_up`), so that no request waits for the compiler. Guards on the model's
+parameters are skipped (the weights never change while serving), which removes most of the per-call cost.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from kvadmit.model.forward_batch import ForwardBatch
+
+if TYPE_CHECKING:
+    from kvadmit.model.llama import CausalLM
+
+DEFAULT_MAX_BS = 32  # SGLang 0.5.22's --torch-compile-max-bs default
+
+
+class CompiledDecode:
+    def __init__(self, model: CausalLM, max_bs: int = DEFAULT_MAX_BS) -> None:
+        if max_bs < 1:
+            raise ValueError(f"--torch-compile-max-bs must be at least 1, not {max_bs}")
+        self.model = model
+        self.max_bs = max_bs
+        self._graph = torch.compile(
+            model.forward_pass,
+            options={"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe},
+        )
+
+    def applies(self, fb: ForwardBatch) -> bool:
+        return fb.gather is not None and fb.num_seqs <= self.max_bs
+
+    def __call__(self, fb: ForwardBatch, kv_pool: list[torch.Tensor]) -> torch.Tensor:
+        """[B, vocab] logits of a decode batch that `applies`."""
+        b = fb.num_seqs
+        if b > 1 and fb.key_bias is None:  # one graph for every batch: the mask always present
+            assert fb.gather is not None
+            zeros = torch.zeros((1, b, 1, fb.gather.shape[1]), device=fb.gather.device)
+            fb = ForwardBatch(fb.input_ids, fb.positions, fb.out_slots, fb.last, fb.gather, zeros, ())
+        self._mark_dynamic(fb)
+        with torch.inference_mode():
+            return self._graph(fb, kv_pool)
+
+    def _mark_dynamic(self, fb: ForwardBatch) -> None:
+        """Batch size and context length symbolic (each was compiled with a sample of 2: sizes 0 and 1 are
+        specialised, so a batch of one sequence has its own graph)."""
+        assert fb.gather is not None
+        torch._dynamo.mark_dynamic(fb.gather, 1)
+        if fb.num_seqs > 1:
+            for t in (fb.input_ids, fb.positions, fb.out_slots, fb.last, fb.gather):
+                torch._dynamo.mark_dynamic(t, 0)
+            assert fb.key_bias is not None
+            torch._dynamo.mark_dynamic(fb.key_bias, 1)
+            torch._dynamo.mark_dynamic(fb.key_bias, 3)
+
+    def warm_up(self, kv_pool: list[torch.Tensor]) -> None:
+        """Compile both graphs now: a batch of one and of two sequences, two tokens of context each, all in
+        slot 0 (the padding slot, whose contents only need to stay finite)."""
+        device = self.model.device
+        for b in sorted({1, min(2, self.max_bs)}):
+            # distinct tensors for every field, as a real batch has (dynamo guards on aliasing too: one
+            # tensor passed twice here would make every real batch compile again)
+            ids, positions, slots = (torch.zeros(b, dtype=torch.long, device=device) for _ in range(3))
+            gather = torch.zeros((b, 2), dtype=torch.long, device=device)
+            key_bias = torch.zeros((1, b, 1, 2), device=device) if b > 1 else None
+            fb = ForwardBatch(ids, positions + 1, slots, torch.arange(b, device=device), gather, key_bias, ())
+            self(fb, kv_pool)
