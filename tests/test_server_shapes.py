@@ -97,6 +97,9 @@ def test_batch_of_prompts_answers_in_order_with_rids_and_own_sampling_params(srv
         ({"text": ["a", "b"], "sampling_params": [{}]}, "sampling_params", "1 entries for 2 prompt(s)"),
         ({"text": ["a", "b"], "rid": ["x"]}, "rid", "1 entries for 2 prompt(s)"),
         ({"text": ["a", "b"], "rid": ["x", "x"]}, "rid", "its own rid"),
+        ({"text": [], "stream": True}, "text", "no prompt"),
+        ({"text": []}, "text", "no prompt"),
+        ({"input_ids": [], "stream": True}, "input_ids", "no prompt"),
     ],
 )
 def test_batch_that_does_not_add_up_is_a_400(srv: RunningServer, body: dict, param: str, words: str) -> None:

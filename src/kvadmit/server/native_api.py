@@ -129,8 +129,14 @@ def _generate_route(r: APIRouter, state: ServerState) -> None:
             raise APIError("give exactly one of text or input_ids", param="text")
         if body.text is not None:
             texts = [body.text] if isinstance(body.text, str) else body.text
+            if not texts:
+                raise APIError("text is an empty list: no prompt to generate from; give a string or a "
+                               "non-empty list of strings", param="text")  # fmt: skip
             return [await state.encode(t) for t in texts], isinstance(body.text, str)
         ids = body.input_ids or []
+        if not ids:
+            raise APIError("input_ids is empty: no prompt to generate from; give a list of token ids or a "
+                           "non-empty list of such lists", param="input_ids")  # fmt: skip
         if ids and isinstance(ids[0], list):
             return [list(x) for x in ids], False  # type: ignore[arg-type]
         return [list(ids)], True  # type: ignore[arg-type]
