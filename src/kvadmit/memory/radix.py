@@ -135,11 +135,20 @@ class RadixCache:
 
     def match_prefix(self, key: list[int], end: int | None = None) -> MatchResult:
         """Longest cached prefix of `key[:end]` (page aligned). Splits a node the match ends inside."""
+        value = new_slots()
+        return MatchResult(value, self._walk(key, end, value))
+
+    def refresh_prefix(self, key: list[int]) -> None:
+        """match_prefix(key) for its effects alone (access times, the split where the match ends), as
+        the waiting-prefix refresh uses it: no slots are gathered."""
+        self._walk(key, None, None)
+
+    def _walk(self, key: list[int], end: int | None, value: array[int] | None) -> RadixNode:
+        """The match: the node the cached prefix of `key[:end]` ends at; its slots go to `value`."""
         self._tick += 1
         end = len(key) if end is None else min(end, len(key))
         end -= end % self.page_size  # only whole pages match
         node = self.root
-        value = new_slots()
         pos = 0  # key[:pos] is matched (walking an offset, not ever shorter copies of the key)
         while pos < end:
             child = node.children.get(self._child_key(key, pos))
@@ -152,10 +161,11 @@ class RadixCache:
                 break
             if n < len(child.key):
                 child = self._split(child, n)
-            value.extend(child.value)
+            if value is not None:
+                value.extend(child.value)
             node = child
             pos += n
-        return MatchResult(value, node)
+        return node
 
     # ----- updates ---------------------------------------------------------------------------
     def insert(self, key: list[int], value: Sequence[int]) -> int:

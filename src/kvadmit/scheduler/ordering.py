@@ -71,7 +71,8 @@ class QueueOrder:
         self.refresh_calls += 1
         if refresh:
             for req in reversed(waiting[:WAITING_QUEUE_PREFIX_MATCH_MAX]):
-                self.cache.match_prefix(req.fill_ids())
+                # (a bare prompt is read, not copied: the walk keeps no key)
+                self.cache.refresh_prefix(req.fill_ids() if req.output_ids else req.origin_input_ids)
 
     def _sort_lpm(self, waiting: list[Req]) -> None:
         """Longest cached prefix first. A request with little cached that shares a long prefix with an
