@@ -131,11 +131,11 @@ def _refresh_without_split() -> Callable[[], None]:
             node, pos = child, pos + n
 
     def refresh(self, waiting):
-        self.cache.match_prefix = lambda key, end=None: touch(self.cache, key)
+        self.cache.refresh_prefix = lambda key: touch(self.cache, key)
         try:
             original(self, waiting)
         finally:
-            del self.cache.match_prefix
+            del self.cache.refresh_prefix
 
     ordering.QueueOrder._refresh_waiting_prefixes = refresh
     return lambda: setattr(ordering.QueueOrder, "_refresh_waiting_prefixes", original)
