@@ -5,6 +5,8 @@ inspection paradox (lengths.py), and the replay check's allowance for chance."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from kvadmit.doctor.inferred import Inferred
@@ -17,7 +19,13 @@ from kvadmit.doctor.reconstruct_server import (
     infer_decode_log_interval,
     infer_overlap,
 )
-from kvadmit.doctor.reconstruct_workload import arrival_rate, infer_prompt, infer_spread
+from kvadmit.doctor.reconstruct_workload import (
+    arrival_rate,
+    infer_lengths,
+    infer_prompt,
+    infer_spread,
+    prompt_cap_from_retractions,
+)
 from kvadmit.doctor.whatif import Stats
 
 
@@ -105,6 +113,58 @@ def test_prompts_leave_out_what_a_retracted_request_prefills_again() -> None:
     lines = [prefill(1, 3, 300), decode(2, 3, 450), retract(3, 150, 0.098, 0.4), prefill(4, 1, 150)]
     got = infer_prompt(observe_lines(lines))
     assert got is not None and got.value == pytest.approx(100.0)
+
+
+LOG_04 = Path(__file__).parent / "data" / "logs" / "04-sglang-q2-qwen3-4b-retraction-burst.log"
+
+
+def test_log_04s_prompt_is_at_most_what_a_retraction_freed_less_what_it_had_decoded() -> None:
+    # Log 04 has no Prefill line and #running-req only falls (67 → 41), so every request running at a
+    # retraction was running at the first Decode line and has decoded 40 tokens per Decode line since.
+    # The 14th Decode line and the retraction right after it:
+    #   [2026-09-13 16:06:17] Decode batch, #running-req: 48, #token: 87505, token usage: 1.00, ...
+    #   [2026-09-13 16:06:17] KV cache pool is full. Retract requests. #retracted_reqs: 1,
+    #       #new_tokens_gained: 1005, #new_token_ratio: 0.4113 -> 0.5096
+    # 14 Decode lines (16:06:04 … 16:06:17) span 13 × 40 = 520 steps: 1,005 − 520 = 485. The other
+    # retractions give more: the first, 646 after 4 Decode lines, 646 − 3 × 40 = 526; 1,064 after the
+    # same 14, 544; 1,153 after 16, 1,153 − 600 = 553; 1,371 after 21, 1,371 − 800 = 571.
+    lines = LOG_04.read_text().splitlines()
+    assert any("#new_tokens_gained: 1005, #new_token_ratio: 0.4113 -> 0.5096" in line for line in lines)
+    cap = prompt_cap_from_retractions(observe_lines(lines), 40)
+    assert cap is not None and cap[0] == 485.0
+    assert "1,005 tokens" in cap[1] and "13 × 40 = 520" in cap[1]
+    # Up to the first retraction only (16:06:04 … 16:06:07, 4 Decode lines): 646 − 3 × 40 = 526.
+    first = lines[: next(i for i, line in enumerate(lines) if "#new_tokens_gained: 646" in line) + 1]
+    cap = prompt_cap_from_retractions(observe_lines(first), 40)
+    assert cap is not None and cap[0] == 526.0
+    # The reconstruction takes it: 2 × 1,681 − 1,978 = 1,384, capped by 485 (was 646, the smallest
+    # #new_tokens_gained alone; the log's source says 387).
+    prompt, _ = infer_lengths(observe_lines(lines), 40, None)
+    assert prompt.value == 485.0 and prompt.confidence == "guess"
+
+
+def test_the_decoded_steps_do_not_bound_the_prompt_once_something_was_admitted() -> None:
+    # Three Decode lines, 10 running, then a retraction freeing 900: 900 − 2 × 40 = 820.
+    base = [decode(1, 10, 5000), decode(2, 10, 5400), decode(3, 10, 5800)]
+    cap = prompt_cap_from_retractions(observe_lines([*base, retract(3, 900, 0.1, 0.4)]), 40)
+    assert cap is not None and cap[0] == 820.0
+    # With interval 10 the same lines give 900 − 2 × 10 = 880.
+    cap = prompt_cap_from_retractions(observe_lines([*base, retract(3, 900, 0.1, 0.4)]), 10)
+    assert cap is not None and cap[0] == 880.0
+    # A Prefill line before it: the retracted request may be the one just admitted, nothing decoded.
+    lines = [*base[:2], prefill(2, 1, 300), base[2], retract(3, 900, 0.1, 0.4)]
+    assert prompt_cap_from_retractions(observe_lines(lines), 40) is None
+    # #running-req rises (10 → 11) with no Prefill line shown: an admission outside the excerpt.
+    lines = [decode(1, 10, 5000), decode(2, 11, 5400), decode(3, 11, 5840), retract(3, 900, 0.1, 0.4)]
+    assert prompt_cap_from_retractions(observe_lines(lines), 40) is None
+    # A retraction before any Decode line: nothing known to have been decoded.
+    assert prompt_cap_from_retractions(observe_lines([retract(1, 900, 0.1, 0.4), *base]), 40) is None
+    # One before an admission counts, one after it does not, however small: 900 − 40 = 860.
+    lines = [*base[:2], retract(2, 900, 0.1, 0.4), prefill(3, 1, 300), base[2], retract(3, 200, 0.1, 0.4)]
+    cap = prompt_cap_from_retractions(observe_lines(lines), 40)
+    assert cap is not None and cap[0] == 860.0
+    # Freed no more than it had decoded (a shared prefix): no bound, rather than a prompt under 1.
+    assert prompt_cap_from_retractions(observe_lines([*base, retract(3, 80, 0.1, 0.4)]), 40) is None
 
 
 def test_the_output_spread_is_twice_the_held_output_over_the_mean_less_one() -> None:

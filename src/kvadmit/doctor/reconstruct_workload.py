@@ -175,6 +175,49 @@ def mean_context(obs: Observed) -> float | None:
     return statistics.fmean(ctx) if ctx else None
 
 
+def prompt_cap_from_retractions(obs: Observed, interval: int) -> tuple[float, str] | None:
+    """An upper bound on the prompt from the retractions of a log with no admission in sight: the least,
+    over those retractions, of #new_tokens_gained ÷ #retracted_reqs less the steps decoded since the first
+    Decode line.
+
+    Why: a retraction frees at least the retracted request's own tokens, its prompt (the part no other
+    request shares in the radix cache) plus every token it has generated; eviction from the tree cache
+    can only add to #new_tokens_gained. Between two Decode lines the server ran --decode-log-interval
+    decode steps, each giving every request in the batch a token. So a request that was already running
+    at the window's first Decode line has generated at least (Decode lines since − 1) × interval tokens by
+    the time it is retracted, and its prompt is at most what it freed less that. (Log 04: the retraction
+    after 14 Decode lines freed 1,005 tokens; 1,005 − 13 × 40 = 485.)
+
+    When it does not apply: only while the log shows nothing was admitted since the window began, since a
+    request admitted within the window has decoded an unknown part of those steps. So only the
+    retractions before the first Prefill line count, and only while #running-req never rose from one
+    Decode line to the next (a rise is an admission whose Prefill line is not in the excerpt); with no
+    Decode line before a retraction nothing is known to have been decoded. Like the smallest
+    #new_tokens_gained, it bounds the prompts of the requests retracted, not their mean: a cap on a guess."""
+    decode_lines = 0
+    last_running: int | None = None
+    best: tuple[float, str] | None = None
+    for e in obs.events:
+        if isinstance(e, Prefill):
+            break  # an admission: from here on a request's decoded count is not known
+        if isinstance(e, Decode):
+            if last_running is not None and e.running > last_running:
+                break  # running rose: an admission the excerpt does not show
+            last_running = e.running
+            decode_lines += 1
+        elif isinstance(e, Retract) and e.gained is not None and e.count > 0 and decode_lines >= 1:
+            steps = (decode_lines - 1) * interval
+            bound = e.gained / e.count - steps
+            if bound >= 1 and (best is None or bound < best[0]):
+                how = (
+                    f"a retraction after {decode_lines} Decode lines with no admission freed "
+                    f"{e.gained:,} tokens for {e.count}, each having decoded at least "
+                    f"{decode_lines - 1} × {interval} = {steps:,} since the first: {bound:,.0f}"
+                )
+                best = (bound, how)
+    return best
+
+
 def infer_lengths(
     obs: Observed, interval: int, prompt: Inferred[float] | None
 ) -> tuple[Inferred[float], Inferred[float]]:
@@ -186,12 +229,16 @@ def infer_lengths(
     if prompt is None:
         if at_finish is not None and ctx is not None:
             gained = [r.gained for r in obs.retracts if r.gained]
-            cap = min(gained) if gained else at_finish
-            value = min(max(2 * ctx - at_finish, 1.0), float(cap))
+            cap = float(min(gained)) if gained else at_finish
             how = (
                 f"no Prefill lines: 2 × the mean #token per running request ({ctx:,.0f}) − what a finished "
                 f"request freed ({at_finish:,.0f}), at most the smallest retraction's #new_tokens_gained"
             )
+            decoded_cap = prompt_cap_from_retractions(obs, interval)
+            if decoded_cap is not None and decoded_cap[0] < cap:
+                cap = decoded_cap[0]
+                how += f" less what it had decoded ({decoded_cap[1]})"
+            value = min(max(2 * ctx - at_finish, 1.0), cap)
             prompt = Inferred(value, how, "guess")
         else:
             prompt = Inferred(512.0, "no Prefill lines and no finishes to tell: 512 assumed", "guess")
