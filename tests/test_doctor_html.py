@@ -79,3 +79,23 @@ def test_the_error_check_itself_catches_errors(browser: str, tmp_path: Path) -> 
     assert any("boom" in e for e in errors)
     assert any("exception" in e for e in errors)
     assert any("Failed to load resource" in e for e in errors)
+
+
+def test_a_fleet_page_opens_without_errors_and_shows_each_replicas_charts(
+    browser: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Real log 20: four data-parallel ranks (DP2–DP5) of one PD decode server, in SGLang's own tags.
+    page = tmp_path / "fleet.html"
+    assert main(["doctor", "--fleet", str(LOGS / "20-sglang-11854-h20-pd-decode-healthy.log"),
+                 "--html", str(page)]) == 0  # fmt: skip
+    capsys.readouterr()
+    html = page.read_text(encoding="utf-8")
+    assert "Fleet verdict:" in html and html.count("<h2>DP") == 4
+    result = open_page(browser, page.as_uri())
+    assert result.errors == []
+    assert result.requests == [page.as_uri()]  # nothing fetched from anywhere else
+    width, _, rows = decode_png(result.png)
+    seen = colours(width, rows, len(rows[0]) // width)
+    assert len(seen) > 50 and seen.get((255, 255, 255), 0) < 0.95 * sum(seen.values()), "blank page"
+    # The screenshot is the first screen: the verdict and the table, then the top of DP2's charts.
+    assert seen.get(rgb(COLOURS[0]), 0) > 20  # a replica's series line is drawn
