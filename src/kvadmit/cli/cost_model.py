@@ -19,7 +19,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     )
     p.add_argument("spec", nargs="?", help="a JSON file or GPU:MODEL[:tp=N][:key=value…]")
     p.add_argument("-o", "--output", metavar="FILE", help="write the cost model (JSON) here")
-    p.add_argument("--list", action="store_true", help="list the GPU and model presets")
+    p.add_argument("--list", action="store_true", help="list the GPU and model presets and the measured ones")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run)
 
@@ -27,6 +27,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 def run(ns: argparse.Namespace) -> int:
     from kvadmit.costmodel.costmodel import CostModelError
     from kvadmit.costmodel.costspec import resolve_cost_model
+    from kvadmit.costmodel.measured import MEASURED
     from kvadmit.costmodel.roofline import GPUS
     from kvadmit.costmodel.shapes import MODELS
 
@@ -35,6 +36,8 @@ def run(ns: argparse.Namespace) -> int:
                                      for g in GPUS.values()))  # fmt: skip
         print("models: " + ", ".join(f"{m.name} ({m.params / 1e9:.2f} B)" for m in MODELS.values()))
         print("spec:   GPU:MODEL[:tp=N][:bw_eff=…][:decode_eff=…][:prefill_eff=…][:allreduce_us=…]")
+        print("measured (no options; other machines: kvadmit profile -o FILE):")
+        print("\n".join(f"        {p.name}: {p.what}" for p in MEASURED))
         return 0
     try:
         cost = resolve_cost_model(ns.spec)

@@ -3,6 +3,8 @@
     h100:llama-3-8b            H100 SXM, Llama-3-8B, one GPU
     h200:llama-3-70b:tp=4      four H200s in a tensor-parallel group
     a100:qwen3-8b:bw_eff=0.7   another bandwidth efficiency than the stated 0.80
+    cpu-int4:smollm2-135m      measured, not a roofline: the default model's int4 CPU executor as
+                               `kvadmit profile` timed it on one machine (costmodel/measured.py)
 
 Keys after the model: tp, bw_eff, decode_eff, prefill_eff, allreduce_us, weight_bytes, kv_bytes
 (see costmodel/roofline.py for what each means).
@@ -14,12 +16,13 @@ import os
 from dataclasses import fields, replace
 
 from kvadmit.costmodel.costmodel import CostModel, CostModelError
+from kvadmit.costmodel.measured import measured_names, measured_preset
 from kvadmit.costmodel.roofline import GPUS, Efficiency, find_gpu, roofline
 from kvadmit.costmodel.shapes import MODELS, find_model
 
 
 def preset_names() -> str:
-    return f"GPUs {', '.join(GPUS)}; models {', '.join(MODELS)}"
+    return f"GPUs {', '.join(GPUS)}; models {', '.join(MODELS)}; measured {measured_names()}"
 
 
 def resolve_cost_model(spec: str) -> CostModel:
@@ -30,6 +33,9 @@ def resolve_cost_model(spec: str) -> CostModel:
 
 
 def preset(spec: str) -> CostModel:
+    measured = measured_preset(spec)
+    if measured is not None:
+        return measured
     gpu_name, model_name, *options = spec.split(":")
     gpu = find_gpu(gpu_name)
     if gpu is None:
