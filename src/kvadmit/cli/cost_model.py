@@ -13,7 +13,8 @@ from kvadmit.errors import UsageError
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser(
         "cost-model",
-        help="show a cost model (a file or a roofline preset GPU:MODEL[:tp=N]) and its step times",
+        help="show a cost model (a file, a roofline preset GPU:MODEL[:tp=N] or a measured preset) "
+        "and its step times",
         description="Show how a cost model was derived and what step times it predicts; write a roofline "
         "preset to a file to edit it.",
     )

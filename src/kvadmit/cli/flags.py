@@ -249,7 +249,8 @@ def add_cost_model_flags(p: argparse.ArgumentParser) -> None:
         "--cost-model",
         metavar="SPEC",
         help="a JSON cost model (kvadmit calibrate / profile / cost-model write one), or a roofline "
-        "preset GPU:MODEL[:tp=N], e.g. h100:llama-3-8b (see kvadmit cost-model --list)",
+        "preset GPU:MODEL[:tp=N], e.g. h100:llama-3-8b, or a measured one, e.g. cpu-int4:smollm2-135m "
+        "(see kvadmit cost-model --list)",
     )
 
 
