@@ -18,7 +18,6 @@ from kvadmit.scheduler.types import ScheduledBatch, StepOutcome
 
 _PROMPT = attrgetter("origin_input_ids")
 _OUTPUTS = attrgetter("output_ids")
-_SCAN_MAX = 8  # a prefill result with at most this many requests finds the running members by scans
 
 CLIENT_ABORT_MESSAGE = "Aborted by the client."
 
@@ -105,16 +104,12 @@ class StepResults:
         running = self.running
         # Under the overlap loop the next pass may already have merged this batch's requests into the running
         # batch (or, with mixed chunks, moved them on into the next batch): only members move its sums.
-        # A member of a small batch is found by a C-speed scan per request, cheaper than a set of the whole
-        # running batch's ids; a large one (a mixed chunk's decode rows) reads the set. Nothing in the loop
-        # changes who is a member.
-        members = set(map(id, running.reqs)) if merged and len(batch.reqs) > _SCAN_MAX else None
+        members = set(map(id, running.reqs)) if merged else set()
         decoding = set(map(id, batch.decoding or ()))  # mixed chunk: decode rows are not checkpointed
         for req, token in zip(batch.reqs, tokens, strict=True):
             if req is batch.chunked or _left_in_flight(req):
                 continue  # a non-final chunk (its token is discarded), or retracted or ended meanwhile
-            at = _position(running.reqs, req) if merged and members is None else None
-            member = at is not None or (members is not None and id(req) in members)
+            member = id(req) in members
             if member:
                 running.append_output(req, token)
             else:
@@ -123,7 +118,7 @@ class StepResults:
             if reason is not None:
                 self._finish(req, reason, outcome)
                 if member:
-                    self._finished_positions.append(running.reqs.index(req) if at is None else at)
+                    self._finished_positions.append(running.reqs.index(req))
             elif id(req) not in decoding:
                 self.cache.cache_unfinished_req(req, req.fill_len)
         assert batch.stats is not None
