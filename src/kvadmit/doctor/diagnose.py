@@ -137,7 +137,7 @@ def diagnose(inputs: Inputs) -> Diagnosis:
     found += metrics_findings.metric_findings(scrapes)
     found = order(found)
     if not found or found[0].verdict is None:
-        found.insert(0, _insufficient(collected, scrapes))
+        found.insert(0, insufficient_data(collected, scrapes))
     metrics_findings.with_metric_lines(found, scrapes)
     server: dict[str, object] = dict(collected.startup)
     server["engine"] = sorted(collected.engine | {s.engine for s in scrapes if s.engine})
@@ -165,7 +165,7 @@ def _check_something_known(c: Collected, scrapes: list[prom.Scrape], summaries: 
     )
 
 
-def _insufficient(c: Collected, scrapes: list[prom.Scrape]) -> Finding:
+def insufficient_data(c: Collected, scrapes: list[prom.Scrape]) -> Finding:
     q = c.queue
     if q.samples and not q.with_queue_info:
         top = q.max_usage

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvadmit.doctor import findings as rules
-from kvadmit.doctor.diagnose import _insufficient
+from kvadmit.doctor.diagnose import insufficient_data
 from kvadmit.doctor.fleet_read import ReplicaNumbers, ReplicaStream, read_fleet
 from kvadmit.doctor.model import (
     COLLAPSE,
@@ -119,7 +119,7 @@ def replica_diagnosis(stream: ReplicaStream, summary: InputSummary) -> Diagnosis
     c = stream.collected
     found = order(rules.log_findings(c))
     if not found or found[0].verdict is None:
-        found.insert(0, _insufficient(c, []))
+        found.insert(0, insufficient_data(c, []))
     for f in found:
         for q in f.evidence:
             q.source = q.source or stream.source
