@@ -78,16 +78,24 @@ def test_simulate_with_mixed_chunks_ends_every_request_at_its_length_under_both_
         assert all(len(o.itl) == o.output_len - 1 for o in result.outcomes), overlap
 
 
-def _paged_mixed_with_b(prompt: int, ignore_eos: bool) -> tuple[Scheduler, Req, Req]:
-    # Page 16, chunks of 32, radix cache off; a runs, so its decode row leaves 32 − 1 = 31 of the chunk.
-    args = ServerArgs(max_total_tokens=1024, page_size=16, chunked_prefill_size=32, enable_mixed_chunk=True,
-                      disable_radix_cache=True, disable_overlap_schedule=True)  # fmt: skip
+def _with_a_decoding(tokens: int, page_size: int, chunk: int, a_prompt: int) -> tuple[Scheduler, Req]:
+    """Mixed chunks, radix cache off, the non-overlap loop: request a prefilled, so it decodes next."""
+    args = ServerArgs(
+        max_total_tokens=tokens, page_size=page_size, chunked_prefill_size=chunk,
+        enable_mixed_chunk=True, disable_radix_cache=True, disable_overlap_schedule=True,
+    )  # fmt: skip
     sched = Scheduler(args)
-    a = _req("a", 10, 50, 100)
+    a = _req("a", a_prompt, 50, 100)
     sched.add_request(a)
     prefill = sched.next_batch()
     assert prefill is not None
     sched.on_batch_done(prefill, [TEXT])
+    return sched, a
+
+
+def _paged_mixed_with_b(prompt: int, ignore_eos: bool) -> tuple[Scheduler, Req, Req]:
+    # Page 16, chunks of 32, radix cache off; a runs, so its decode row leaves 32 − 1 = 31 of the chunk.
+    sched, a = _with_a_decoding(1024, page_size=16, chunk=32, a_prompt=10)
     limits = SamplingLimits(requested_max_new_tokens=5, ignore_eos=ignore_eos)
     b = Req("b", list(range(1000, 1000 + prompt)), limits)
     sched.add_request(b)
@@ -122,14 +130,7 @@ def test_a_chunk_off_the_page_grid_lets_an_ignore_eos_request_take_the_rest_as_a
     # normal 7-token prompt (ceiled 8 > 7) is cut to 6, leaving 1; the ignore_eos prompt without a cache
     # after it (4 > 1) takes that 1 token as a first chunk and becomes the chunked request. b is no longer
     # tracked: it runs on as if its prefill were done, its last prompt token never computed.
-    args = ServerArgs(max_total_tokens=1000, page_size=2, chunked_prefill_size=8, enable_mixed_chunk=True,
-                      disable_radix_cache=True, disable_overlap_schedule=True)  # fmt: skip
-    sched = Scheduler(args)
-    a = _req("a", 3, 50, 100)
-    sched.add_request(a)
-    prefill = sched.next_batch()
-    assert prefill is not None
-    sched.on_batch_done(prefill, [TEXT])
+    sched, a = _with_a_decoding(1000, page_size=2, chunk=8, a_prompt=3)
     b = _req("b", 7, 5, 1000)
     c = Req("c", list(range(2000, 2004)), SamplingLimits(requested_max_new_tokens=5, ignore_eos=True))
     sched.add_request(b)
