@@ -64,6 +64,16 @@ def _int(obj: dict[str, Any], key: str, where: str, *, default: int | None = Non
     return value
 
 
+def _max_total_tokens(server: dict[str, Any], where: str) -> int:
+    """The pool's size: at least 1 and at most the 2**32 slot ids a pool can number."""
+    value = _int(server, "max_total_tokens", where, minimum=1)
+    if value > 2**32:
+        raise SnapshotError(
+            f"{where}.max_total_tokens must be ≤ {2**32} (the slot ids a pool numbers), got {value}"
+        )
+    return value
+
+
 def _bool(obj: dict[str, Any], key: str, where: str, default: bool = False) -> bool:
     value = obj.get(key, default)
     if not isinstance(value, bool):
@@ -118,7 +128,7 @@ def _server_args(server: dict[str, Any]) -> ServerArgs:
         raise SnapshotError(f'server.retraction_policy must be "length" or "priority", got {policy!r}')
     try:
         return ServerArgs(
-            max_total_tokens=_int(server, "max_total_tokens", where, minimum=1),
+            max_total_tokens=_max_total_tokens(server, where),
             page_size=_int(server, "page_size", where, default=1, minimum=1),
             schedule_conservativeness=float(conservativeness),
             max_running_requests=None
@@ -206,6 +216,13 @@ def parse_snapshot(data: Any) -> Snapshot:
             output_len=_int(item, "output_len", where, default=0),
             priority=_priority(item, where),
         )
+        if spec.prompt_len + spec.output_len > args.max_total_tokens:
+            # SGLang refuses such a request when it arrives (its input may not exceed the pool), so it is
+            # never waiting; building its token list would also take memory in proportion to it.
+            raise SnapshotError(
+                f"{where} has {spec.prompt_len + spec.output_len} tokens (prompt + outputs), more than the "
+                f"pool's max_total_tokens={args.max_total_tokens}: SGLang refuses such a request on arrival"
+            )
         if spec.cached_prefix_len > spec.prompt_len + spec.output_len:
             raise SnapshotError(
                 f"{where}.cached_prefix_len ({spec.cached_prefix_len}) exceeds its prompt + outputs "
