@@ -227,16 +227,7 @@ def test_a_file_of_many_lines_of_anything_names_each_invalid_one_and_exits_2(lin
     assert status == (2 if errors else 0)
 
 
-def test_a_waiting_request_longer_than_the_pool_and_a_pool_past_the_slot_ids_are_named() -> None:
-    # Found by the fuzz above: a 2**34-token waiting prompt was built as a token list (the run was killed
-    # for memory) and a 2**34-token pool ended in a ValueError. SGLang refuses a request whose input
-    # exceeds the pool on arrival, and a pool numbers at most 2**32 slot ids.
-    pool = VALID["server"]["max_total_tokens"]
-    long = _set(VALID, ("waiting", 0, "prompt_len"), 2**34)
-    tokens = 2**34 + VALID["waiting"][0].get("output_len", 0)
-    words = rf"waiting\[0\] has {tokens} tokens \(prompt \+ outputs\), more than the pool's "
-    words += rf"max_total_tokens={pool}"
-    with pytest.raises(SnapshotError, match=words):
-        answer_item(Item("fuzz", long))
+def test_a_pool_past_the_slot_ids_is_named() -> None:
+    # Found by the fuzz above: a 2**34-token pool ended in a ValueError; a pool numbers at most 2**32 slots.
     with pytest.raises(SnapshotError, match=r"max_total_tokens must be ≤ 4294967296"):
         answer_item(Item("fuzz", _set(VALID, ("server", "max_total_tokens"), 2**34)))

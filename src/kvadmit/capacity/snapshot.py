@@ -216,13 +216,6 @@ def parse_snapshot(data: Any) -> Snapshot:
             output_len=_int(item, "output_len", where, default=0),
             priority=_priority(item, where),
         )
-        if spec.prompt_len + spec.output_len > args.max_total_tokens:
-            # SGLang refuses such a request when it arrives (its input may not exceed the pool), so it is
-            # never waiting; building its token list would also take memory in proportion to it.
-            raise SnapshotError(
-                f"{where} has {spec.prompt_len + spec.output_len} tokens (prompt + outputs), more than the "
-                f"pool's max_total_tokens={args.max_total_tokens}: SGLang refuses such a request on arrival"
-            )
         if spec.cached_prefix_len > spec.prompt_len + spec.output_len:
             raise SnapshotError(
                 f"{where}.cached_prefix_len ({spec.cached_prefix_len}) exceeds its prompt + outputs "
