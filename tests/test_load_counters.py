@@ -1,5 +1,6 @@
 """/v1/loads' gen_throughput and cache_hit_rate as SGLang 0.5.22 fills them (its scheduler's metric stats:
-updated only under --enable-metrics; the throughput 0 while idle and once its decode window is 30 s old).
+updated only under --enable-metrics; the throughput 0 once its decode window is 30 s old, and zeroed by the
+idle pass under the conditions of 0.5.22's _maybe_log_idle_metrics).
 smg's power_of_two divides each worker's queued work by this throughput, so a stale value steers it.
 Expected values by hand."""
 
@@ -56,3 +57,31 @@ def test_an_idle_scheduler_reports_no_throughput_and_a_busy_one_its_window() -> 
     assert load_snapshot(idle, c)["gen_throughput"] == 0.0
     c.on_event(_prefill(hit=0, computed=10), START + 5.0)  # work again: the window is back
     assert c.gen_throughput == 200.0
+
+
+def test_the_idle_pass_zeroes_the_throughput_only_when_the_gauge_shows_requests_or_30_s_passed() -> None:
+    # 0.5.22's _maybe_log_idle_metrics: publish (throughput 0, gauge 0) if the running gauge differs from
+    # the empty batch or the stats were last logged over 30 s ago; otherwise the last value stands.
+    idle = Scheduler(ServerArgs(max_total_tokens=1000))
+    c = LoadCounters(metrics_on=True, started=START)
+    c.on_event(_decode(400), START + 2.0)  # gauge 4 (the decode batch), throughput 400 / 2 s = 200
+    assert load_snapshot(idle, c, now=START + 2.1)["gen_throughput"] == 0.0  # the gauge showed 4: zeroed
+    c.on_event(_prefill(hit=0, computed=10), START + 3.0)  # joins an empty batch: gauge 0, window back
+    assert c.gen_throughput == 200.0
+    # idle again with no decode report since: the gauge already reads 0 and the stats were logged 7 s ago
+    assert load_snapshot(idle, c, now=START + 10.0)["gen_throughput"] == 200.0
+    assert load_snapshot(idle, c, now=START + 33.0)["gen_throughput"] == 200.0  # 30 s since: not over
+    assert load_snapshot(idle, c, now=START + 33.5)["gen_throughput"] == 0.0  # 30.5 s: published, 0
+    # the idle pass leaves the window itself alone, and the next decode window spans the idle time:
+    # 1,000 tokens over the 40 s since the report at START + 2
+    assert c.last_gen_throughput == 200.0
+    c.on_event(_decode(1000), START + 42.0)
+    assert c.gen_throughput == 25.0
+
+
+def test_without_metrics_the_idle_pass_changes_nothing() -> None:
+    idle = Scheduler(ServerArgs(max_total_tokens=1000))
+    c = LoadCounters(metrics_on=False, started=START)
+    c.on_event(_decode(400), START + 2.0)
+    assert load_snapshot(idle, c, now=START + 2.1)["gen_throughput"] == 0.0
+    assert c.last_gen_throughput == 200.0

@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import json
 import tempfile
+import tracemalloc
 from pathlib import Path
 from typing import Any
 
@@ -231,3 +232,45 @@ def test_a_pool_past_the_slot_ids_is_named() -> None:
     # Found by the fuzz above: a 2**34-token pool ended in a ValueError; a pool numbers at most 2**32 slots.
     with pytest.raises(SnapshotError, match=r"max_total_tokens must be ≤ 4294967296"):
         answer_item(Item("fuzz", _set(VALID, ("server", "max_total_tokens"), 2**34)))
+
+
+def test_a_billion_token_waiting_prompt_is_answered_in_bounded_memory() -> None:
+    # Found by the fuzz above (CI was killed for memory): a waiting request's token list was built whole.
+    # It must be answered as any long prompt is, costing no memory in proportion to its length.
+    long = _set(VALID, ("waiting", 0, "prompt_len"), 10**9)
+    tracemalloc.start()
+    try:
+        ans = answer_item(Item("long", long))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 5_000_000  # bytes; the token list alone would be 8 GB of pointers
+    # Hand arithmetic: free 4096 − (256 + 40) = 3800; a (ignore_eos) reserves (512 − 40) × 1.0 = 472;
+    # b needs its whole prompt + 512 outputs + 1 page = 1,000,000,513 > 3328 left.
+    assert ans["verdict"] == "NO_TOKEN" and ans["admitted"] == [] and ans["stopped_at"] == "b"
+    assert ans["rem_total_tokens"] == 3328
+    assert (
+        "needs 1,000,000,513 tokens (1,000,000,000 uncached prompt + 512 output + 1 page)"
+        in ans["explanation"][0]
+    )
+
+
+def test_a_retracted_billion_token_request_with_a_cached_prefix_matches_only_its_prefix() -> None:
+    # prompt + outputs of 2 × 10**9 (a retracted request's outputs may exceed the pool too) and 1000
+    # cached tokens: the prefix match reads only what is cached, and the rest is counted, not built.
+    request = {"rid": "b", "prompt_len": 10**9, "output_len": 10**9, "cached_prefix_len": 1000}
+    snap = _set(VALID, ("waiting", 0), {**request, "max_new_tokens": 10**9 + 100})
+    snap["evictable_tokens"] = 1000
+    tracemalloc.start()
+    try:
+        ans = answer_item(Item("long", snap))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 5_000_000
+    assert ans["prefix_lens"] == {"b": 1000} and ans["verdict"] == "NO_TOKEN"
+    # uncached: 2 × 10**9 − 1000; outputs still to come: min(100, 4096 clip) = 100; plus 1 page
+    assert (
+        "needs 1,999,999,101 tokens (1,999,999,000 uncached prompt + 100 output + 1 page)"
+        in ans["explanation"][0]
+    )

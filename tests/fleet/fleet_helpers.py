@@ -175,3 +175,25 @@ def send_all(url: str, bodies: list[dict[str, Any]], concurrency: int, timeout: 
             return await asyncio.gather(*(one(b) for b in bodies))
 
     return asyncio.run(run())
+
+
+def warm_equally(workers: list[Proc], per_worker: int, max_tokens: int) -> None:
+    """Each worker decodes `per_worker` requests of `max_tokens` tokens at once, sent to it directly, all
+    workers together; returns when all are idle again. Done right before a measurement, it puts every
+    worker in the state a fleet under steady load is in: its last decode window (the throughput SGLang
+    reports, tokens since the previous report over the time since it) covers busy time only, and is the
+    same on every worker, rather than spanning however long that worker sat idle before."""
+
+    async def run() -> list[int]:
+        async with httpx.AsyncClient(timeout=60) as client:
+
+            async def one(url: str, i: int) -> int:
+                body = {"model": "simulated", "prompt": f"warm {url} {i}", "max_tokens": max_tokens,
+                        "ignore_eos": True}  # fmt: skip
+                return (await client.post(f"{url}/v1/completions", json=body)).status_code
+
+            return await asyncio.gather(*(one(w.url, i) for w in workers for i in range(per_worker)))
+
+    statuses = asyncio.run(run())
+    assert statuses == [200] * len(statuses), statuses
+    wait_idle(workers)

@@ -1,4 +1,4 @@
-"""Sending the requests: one aiohttp session, bench_serving's arrival process and concurrency limit.
+"""Sending the requests: bench_serving's sessions, arrival process and concurrency limit.
 
 Requests go out in dataset order. With an infinite --request-rate all are created at once; otherwise
 each waits an exponential gap (a Poisson process) after the one before. --max-concurrency is an asyncio
@@ -7,6 +7,10 @@ starts when it is sent (after the semaphore), as bench_serving's does.
 
 aiohttp, as bench_serving uses: its C parser costs about half of httpx's CPU per streamed chunk
 (60 vs 120 µs measured here), and a client that competes for the cores slows the server it measures.
+Each request opens a session of its own, as 0.5.22's request functions do (`async with
+_create_bench_client_session()` in each `async_request_*` of `sglang/benchmark/serving.py`): its own
+connection, closed when it ends, so no request is sent on a kept-alive connection the server is just
+closing.
 """
 
 from __future__ import annotations
@@ -44,14 +48,23 @@ class Exchange:
 
 
 READ_BUFFER_BYTES = 10 * 2**20  # a long answer's chunk (cumulative text) fits in one read
+REQUEST_TIMEOUT_S = 6 * 60 * 60  # bench_serving's BENCH_AIOHTTP_TIMEOUT_SECONDS: 6 hours per request
 
 
 def new_http_client() -> aiohttp.ClientSession:
-    """No connection limit (the semaphore is the only limit) and no total timeout (long generations)."""
+    """The session of the bench's own calls (readiness, model info, cache flush, server info)."""
     return aiohttp.ClientSession(
         timeout=aiohttp.ClientTimeout(total=None, sock_connect=60.0),
         connector=aiohttp.TCPConnector(limit=0),
         read_bufsize=READ_BUFFER_BYTES,
+    )
+
+
+def new_request_session() -> aiohttp.ClientSession:
+    """One request's own session, as bench_serving's `_create_bench_client_session`: a 6-hour total
+    timeout and a 10 MB read buffer (aiohttp's default connector otherwise)."""
+    return aiohttp.ClientSession(
+        timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S), read_bufsize=READ_BUFFER_BYTES
     )
 
 
@@ -76,9 +89,7 @@ def error_message(body: str) -> str:
     return body
 
 
-async def send_one(
-    http: aiohttp.ClientSession, url: str, api: Api, row: DatasetRow, output_len: int, opts: PayloadOptions
-) -> Exchange:
+async def send_one(url: str, api: Api, row: DatasetRow, output_len: int, opts: PayloadOptions) -> Exchange:
     payload = build_payload(api, row.prompt, output_len, opts)
     out = RequestOutcome(prompt_len=row.prompt_len)
     out.max_new_tokens, out.ignore_eos = asked_limits(payload)
@@ -88,7 +99,7 @@ async def send_one(
     out.start_time = sent
     reader = StreamReader(api, sent, output_len)
     try:
-        async with http.post(url, json=payload) as resp:
+        async with new_request_session() as http, http.post(url, json=payload) as resp:
             if resp.status != 200:
                 body = (await resp.read()).decode("utf-8", "replace").strip()
                 out.error = f"HTTP {resp.status}: {error_message(body)[:ERROR_BODY_CHARS]}"
@@ -122,7 +133,6 @@ class Traffic:
 
 
 async def send_all(
-    http: aiohttp.ClientSession,
     url: str,
     api: Api,
     rows: Sequence[DatasetRow],
@@ -146,10 +156,10 @@ async def send_all(
 
     async def limited(row: DatasetRow) -> Exchange:
         if limit is None:
-            ex = await send_one(http, url, api, row, row.output_len, opts)
+            ex = await send_one(url, api, row, row.output_len, opts)
         else:
             async with limit:
-                ex = await send_one(http, url, api, row, row.output_len, opts)
+                ex = await send_one(url, api, row, row.output_len, opts)
         return ex
 
     async def create_all() -> None:

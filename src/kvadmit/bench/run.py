@@ -162,7 +162,7 @@ async def _run(cfg: BenchConfig, out: IO[str], err: IO[str]) -> int:
         if cfg.warmup_requests > 0:
             first = rows[0]
             warm = await asyncio.gather(
-                *(send_one(http, url, spec.api, first, min(first.output_len, WARMUP_MAX_TOKENS), opts)
+                *(send_one(url, spec.api, first, min(first.output_len, WARMUP_MAX_TOKENS), opts)
                   for _ in range(cfg.warmup_requests))
             )  # fmt: skip
             if not any(w.outcome.success for w in warm):
@@ -181,8 +181,9 @@ async def _run(cfg: BenchConfig, out: IO[str], err: IO[str]) -> int:
         bar = tqdm(total=len(rows), file=err, disable=cfg.disable_tqdm)
         start = time.perf_counter()
         try:
-            results = await send_all(http, url, spec.api, rows, opts, cfg.traffic, rng,
-                                     lambda _: bar.update(1), stop)  # fmt: skip
+            results = await send_all(
+                url, spec.api, rows, opts, cfg.traffic, rng, lambda _: bar.update(1), stop
+            )
         finally:
             duration = time.perf_counter() - start
             bar.close()

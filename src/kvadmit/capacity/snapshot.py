@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from kvadmit.capacity.token_run import TokenRun
 from kvadmit.config import ConfigError, SchedulerKnobs, ServerArgs
 from kvadmit.memory.pool import TokenPool
 from kvadmit.request import Req, SamplingLimits
@@ -279,11 +280,14 @@ def build_scheduler(snap: Snapshot) -> Scheduler:
     reqs: list[Req] = []
     for i, spec in enumerate(snap.waiting):
         base = (i + 1) * stride
+        # A waiting request's ids are runs, not lists: nothing bounds its length by the pool (a retracted
+        # request's prompt + outputs may exceed it, and a snapshot may state any prompt), so a length
+        # must cost no memory. The pool bounds whatever the scheduler reads of it.
         req = Req(
             rid=spec.rid,
-            origin_input_ids=_tokens(base, spec.prompt_len),
+            origin_input_ids=TokenRun(base, spec.prompt_len),  # type: ignore[arg-type]
             sampling=SamplingLimits(requested_max_new_tokens=spec.max_new_tokens, ignore_eos=spec.ignore_eos),
-            output_ids=_tokens(base + spec.prompt_len, spec.output_len),
+            output_ids=TokenRun(base + spec.prompt_len, spec.output_len),  # type: ignore[arg-type]
             seq=i,
             priority=spec.priority,
         )

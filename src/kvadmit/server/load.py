@@ -33,6 +33,7 @@ DISAGG_QUEUES = ("prefill_bootstrap_queue_reqs", "prefill_inflight_queue_reqs", 
 
 
 GEN_THROUGHPUT_STALE_S = 30.0  # GEN_THROUGHPUT_STALENESS_SECONDS: a decode window older than this reads 0
+IDLE_LOG_INTERVAL_S = 30.0  # the idle pass publishes at least this often (`_maybe_log_idle_metrics`)
 
 
 class LoadCounters:
@@ -41,10 +42,10 @@ class LoadCounters:
     As in 0.5.22, the snapshot's `gen_throughput` and `cache_hit_rate` are the scheduler's metric stats,
     which it updates only under --enable-metrics (`metrics_on`); without it they stay 0. With it:
     `gen_throughput` is the last decode report's window (tokens since the previous report over the time
-    since it, the first window counted from the start), refreshed at each prefill report and 0 once
-    that window is 30 s old, and 0 while the scheduler is idle; `cache_hit_rate` is the last prefill
-    report's, 0 for a report with no tokens. `last_gen_throughput` (/server_info) is the window itself,
-    with or without metrics."""
+    since it, the first window counted from the start: an idle spell inside it counts), refreshed at each
+    prefill report and 0 once that window is 30 s old; the idle pass zeroes it as 0.5.22's
+    `_maybe_log_idle_metrics` does (below). `cache_hit_rate` is the last prefill report's, 0 for a report
+    with no tokens. `last_gen_throughput` (/server_info) is the window itself, with or without metrics."""
 
     def __init__(self, metrics_on: bool = True, started: float | None = None) -> None:
         self.metrics_on = metrics_on
@@ -57,6 +58,11 @@ class LoadCounters:
         # decode steps, Σ batch size, Σ step µs, Σ batch size², Σ batch size × step µs, Σ tokens generated
         self.decode_moments = [0.0] * 6
         self._last_decode_report = time.time() if started is None else started
+        # What the idle pass reads: the stats' running-requests gauge (set by the last decode report to its
+        # batch, by the last prefill report to the running batch it joined, by an idle publish to 0) and
+        # when the stats were last logged (metrics_collector.last_log_time: any of those three).
+        self._running_gauge = 0
+        self._last_log = self._last_decode_report
         self._prefills: deque[tuple[float, int, int]] = deque()  # (monotonic time, hit tokens, all tokens)
 
     def recent_hit_rate(self, now: float) -> float:
@@ -84,12 +90,24 @@ class LoadCounters:
             if now - self._last_decode_report > GEN_THROUGHPUT_STALE_S:
                 self.last_gen_throughput = 0.0
             self.gen_throughput = self.last_gen_throughput
+            self._running_gauge, self._last_log = event.running_req, now
         elif isinstance(event, DecodeBatchStats):
             gap = now - self._last_decode_report
             self._last_decode_report = now
             self.last_gen_throughput = event.generated_tokens / gap if gap > 0 else 0.0
             if self.metrics_on:
                 self.gen_throughput = self.last_gen_throughput
+                self._running_gauge, self._last_log = event.running_req, now
+
+    def on_idle(self, now: float) -> None:
+        """0.5.22's idle pass (`_maybe_log_idle_metrics`, metrics on): it publishes, zeroing the throughput,
+        only when the running gauge still shows requests or the stats were last logged over 30 s ago; else
+        the last value stands (a batch that ran no decode report since joining an empty one)."""
+        if not self.metrics_on:
+            return
+        if self._running_gauge != 0 or now > self._last_log + IDLE_LOG_INTERVAL_S:
+            self.gen_throughput = 0.0
+            self._running_gauge, self._last_log = 0, now
 
     def on_step(self, batch: ScheduledBatch, result: StepResult, now: float) -> None:
         step_us = int(result.seconds * 1e6)
@@ -109,7 +127,7 @@ def _pool_used(s: Scheduler) -> int:
     return s.max_total_num_tokens - s.pool.available_size() - s.cache.evictable_size()
 
 
-def load_snapshot(s: Scheduler, counters: LoadCounters) -> dict[str, Any]:
+def load_snapshot(s: Scheduler, counters: LoadCounters, now: float | None = None) -> dict[str, Any]:
     """One DP rank's LoadSnapshot with every section kvadmit has, keys in 0.5.22's order. `memory`,
     `speculative` and `lora` are left out, as SGLang leaves them out when it has no numbers for them."""
     used = _pool_used(s)
@@ -126,7 +144,7 @@ def load_snapshot(s: Scheduler, counters: LoadCounters) -> dict[str, Any]:
         uncached += max(0, s.chunked_req.seqlen - s.chunked_req.prefix_len)
     moments = counters.decode_moments
     if not s.running.reqs and not s.waiting and s.chunked_req is None:
-        counters.gen_throughput = 0.0  # SGLang's idle pass zeroes the stats' throughput
+        counters.on_idle(time.time() if now is None else now)  # (SGLang's scheduler idles as it empties)
     return {
         "timestamp": time.time(),
         "dp_rank": 0,
