@@ -21,14 +21,14 @@ from kvadmit.bench.metrics import RequestOutcome
 from kvadmit.bench.workload import SimRequest, WorkloadSpec
 from kvadmit.doctor.lengths import OutputLengths
 from kvadmit.doctor.observed import Observed, observe_lines
-from kvadmit.doctor.reconstruct import Reconstruction, lengths
+from kvadmit.doctor.reconstruct import NO_CAP, Reconstruction, lengths
 from kvadmit.observe.loglines import timestamp_prefix
 from kvadmit.sim.replay import Replay
 from kvadmit.sim.run import SimConfig, SimResult, simulate
 
 VOCAB = 32000
 WARMUP_MARGIN_S = 1.0
-REMAINING_CV2 = 1.0 / 12.0  # what running requests have left: uniform on [½, 1½] × its mean
+REMAINING_CV2 = 1.0  # what running requests have left: exponential (see build_replay)
 
 
 @dataclass(slots=True)
@@ -51,13 +51,16 @@ def build_replay(rec: Reconstruction, budget: int | None = None) -> tuple[Replay
     n_run, n_wait = rec.start.running, rec.start.queue
     n = n_run + n_wait + len(rec.arrivals.times)
     outs = dist.spread(n, seed=1)
-    # The running requests' progress: evenly spread, its mean what the log's #token shows per request;
-    # what each has left spread evenly around the log's remaining output (the rate the window's requests
-    # finished at), within the budget. A step's time as the cost model says.
+    # The running requests' progress: evenly spread, its mean what the log's #token shows per request.
+    # What each has left: exponential around the log's remaining output, request-steps decoded ÷ finishes,
+    # which is the mean of an exponential whose requests finish at the rate the log's did; drawn without
+    # the budget and then cut at it, so the short ones still finish (log 04: 11 of 67 finish in its 21 s;
+    # a spread kept to its mean under the budget sent all 67 to it and none finished). A step's time as
+    # the cost model says.
     step_s = rec.cost.value.decode.seconds(max(n_run, 1), rec.start.tokens)
     held = max(rec.start.tokens / n_run - prompt, 0.0) if n_run else 0.0
     done = [min(round((k + 0.5) / n_run * 2 * held), asked - 1) for k in range(n_run)]
-    left = OutputLengths(rec.remaining_output.value, REMAINING_CV2, asked).spread(n_run, seed=3)
+    left = OutputLengths(rec.remaining_output.value, REMAINING_CV2, NO_CAP).spread(n_run, seed=3)
     outs[:n_run] = [max(min(d + x, asked), d + 1) for d, x in zip(done, left, strict=True)]
     progress = [d * step_s for d in done]
     warmup = (max(progress) if progress else 0.0) + WARMUP_MARGIN_S
