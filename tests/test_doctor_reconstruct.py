@@ -61,6 +61,15 @@ def test_the_decode_log_interval_is_how_much_token_grew_per_running_request() ->
     # Interval 10: 32 running grow by 320.
     got = infer_decode_log_interval(observe_lines([decode(1, 32, 1000), decode(2, 32, 1320)]))
     assert got.value == 10
+    # 20 pairs give 40 × 35 = 1,400; one odd pair grows by 1,225 = 35 × 35. 20 of 21 agree (over 95%):
+    # still exact. With a second odd pair, 20 of 22 (91%): an estimate.
+    good = [decode(1 + i, 35, 10_000 + 1_400 * i) for i in range(21)]
+    odd = [prefill(29, 1, 100), decode(30, 35, 10_000), decode(31, 35, 11_225)]
+    got = infer_decode_log_interval(observe_lines(good + odd))
+    assert (got.value, got.confidence) == (40, "exact") and "20 of 21 pairs" in got.how
+    more = [prefill(39, 1, 100), decode(40, 35, 10_000), decode(41, 35, 11_225)]
+    got = infer_decode_log_interval(observe_lines(good + odd + more))
+    assert (got.value, got.confidence) == (40, "estimate") and "20 of 22 pairs" in got.how
     # No two back-to-back lines with the same count: SGLang's default, as a guess.
     got = infer_decode_log_interval(observe_lines([decode(1, 32, 1000), decode(2, 31, 1200)]))
     assert (got.value, got.confidence) == (40, "guess")
