@@ -23,6 +23,7 @@ from kvadmit.doctor.reconstruct_workload import (
     arrival_rate,
     infer_lengths,
     infer_prompt,
+    infer_prompt_spread,
     infer_spread,
     prompt_cap_from_retractions,
 )
@@ -189,6 +190,21 @@ def test_the_output_spread_is_twice_the_held_output_over_the_mean_less_one() -> 
     assert got.value == pytest.approx(0.0)
 
 
+def test_the_prompts_spread_is_read_off_the_lines_that_admit_one_request() -> None:
+    # 20 lines of one request each, prompts 100 and 300 in turn: mean 200, variance 100² = 10,000, CV²
+    # 10,000 ÷ 200² = 0.25. A line of two requests says nothing of either; after a retraction a line may be
+    # a re-admission (prompt and output again): the 1,000 is left out.
+    alone = [prefill(1 + i, 1, 100 if i % 2 else 250, 0 if i % 2 else 50) for i in range(20)]
+    lines = [*alone, prefill(30, 2, 2_000), decode(31, 20, 9_000), retract(32, 900, 0.098, 0.3),
+             prefill(33, 1, 1_000)]  # fmt: skip
+    got = infer_prompt_spread(observe_lines(lines))
+    assert got.value == pytest.approx(0.25) and got.confidence == "estimate"
+    assert "20 Prefill lines" in got.how and "before the first retraction" in got.how
+    # 19 lines do not tell: every prompt as long as the mean, a guess.
+    got = infer_prompt_spread(observe_lines(alone[:19]))
+    assert (got.value, got.confidence) == (0.0, "guess")
+
+
 def test_output_lengths_keep_their_mean_and_spread() -> None:
     same = OutputLengths(100.0, 0.0, 1000)
     assert same.spread(10, seed=1) == [100] * 10
@@ -196,6 +212,11 @@ def test_output_lengths_keep_their_mean_and_spread() -> None:
     assert uniform.quantile(0.25) == 50 and uniform.p99() == 198
     lens = uniform.spread(1000, seed=1)
     assert sum(lens) / len(lens) == pytest.approx(100.0, rel=0.01)
+    # Each block of 256 requests holds the quantiles evenly: its mean is the mean within a token (a shuffle
+    # of all 1,000 gives the first 256 a mean off by 200 ÷ √12 ÷ √256 ≈ 3.6 tokens, one sd, by chance).
+    for first in (0, 256, 512):
+        assert sum(lens[first : first + 256]) / 256 == pytest.approx(100.0, abs=1.0)
+    assert lens[:256] != sorted(lens[:256])  # shuffled within the block
     assert sum((x - 100) ** 2 for x in lens) / len(lens) / 100**2 == pytest.approx(1 / 3, rel=0.02)
     capped = OutputLengths(100.0, 1 / 3, 150)  # the cap at 150 cuts a quarter: the rest is scaled up
     lens = capped.spread(1000, seed=1)

@@ -3,7 +3,8 @@
 The requests: those running when the window opens, sent over a warm-up before it (each sent as long
 before the window as it had been decoding: progress spread evenly over its output, so the pool holds
 about what the log shows and the ratio has decayed), those waiting then, sent just before it, and the
-arrivals inferred inside it. Every request has the inferred prompt length and max_new_tokens; it stops
+arrivals inferred inside it. Prompts spread as the lines that admit one request show (the mean, when too
+few do). Every request has the inferred max_new_tokens; it stops
 at its own output length (spread evenly around the mean when requests stop early, the budget when they
 do not). The simulated log lines of the window are what the replay check and the what-ifs compare."""
 
@@ -74,8 +75,11 @@ def build_replay(rec: Reconstruction, budget: int | None = None) -> tuple[Replay
     # reserve all of it); the others ask for the common budget and stop early.
     own = not rec.stops_early.value and budget is None
     eos = rec.reserves_all.value
+    prompts = OutputLengths(prompt, rec.prompt_spread.value, NO_CAP).spread(n, seed=4)
     reqs = tuple(
-        SimRequest(j, prompt, outs[i], outs[i] if own else asked, None if eos else outs[i], eos, offsets[i])
+        SimRequest(
+            j, prompts[i], outs[i], outs[i] if own else asked, None if eos else outs[i], eos, offsets[i]
+        )
         for j, i in enumerate(order)
     )
     arrivals = tuple(times[i] for i in order)
