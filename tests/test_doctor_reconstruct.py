@@ -12,7 +12,7 @@ import pytest
 from kvadmit.doctor.inferred import Inferred
 from kvadmit.doctor.lengths import OutputLengths
 from kvadmit.doctor.observed import observe_lines
-from kvadmit.doctor.prove import _retraction_row
+from kvadmit.doctor.prove import _info_row, _retraction_row
 from kvadmit.doctor.reconstruct import _loop_note
 from kvadmit.doctor.reconstruct_server import (
     infer_conservativeness,
@@ -223,6 +223,23 @@ def test_output_lengths_keep_their_mean_and_spread() -> None:
     assert max(lens) == 150 and sum(lens) / len(lens) == pytest.approx(100.0, rel=0.01)
     wide = OutputLengths(100.0, 1.0, 100_000)  # exponential: p99 = 100 × ln 100
     assert wide.p99() == pytest.approx(460.5, abs=1)
+
+
+def test_a_running_request_is_as_long_as_the_lengths_beyond_its_progress() -> None:
+    uniform = OutputLengths(100.0, 1 / 3, 1000)  # uniform on [0, 200]
+    # Caught at 150 tokens: its length is uniform on (150, 200], mean 175; caught at 0, any length.
+    late = uniform.beyond([150] * 400, seed=3)
+    assert min(late) > 150 and sum(late) / 400 == pytest.approx(175.0, abs=1.0)
+    early = uniform.beyond([0] * 400, seed=3)
+    assert sum(early) / 400 == pytest.approx(100.0, abs=1.0)
+    # Past the longest length there is nothing beyond: one more token.
+    assert uniform.beyond([250], seed=3) == [251]
+
+
+def test_a_figure_the_log_shows_as_nothing_is_compared_in_its_own_units() -> None:
+    # 37 against 40 is 3 ÷ 37 = 8% apart; 0.0 against 15.2 is no percentage at all (it printed 10^15%).
+    assert _info_row("queue length (mean)", 37.0, 40.0).closeness == "8% apart"
+    assert _info_row("queue length (mean)", 0.0, 15.2).closeness == "15.2 apart"
 
 
 def _stats(retracted: int, span_s: float = 60.0) -> Stats:

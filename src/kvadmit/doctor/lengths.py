@@ -15,12 +15,14 @@ for it)."""
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass
 
 import numpy as np
 
 UNIFORM_MAX_CV2 = 1.0 / 3.0  # lengths uniform on [0, 2 × mean]: the widest uniform spread
+CDF_GRID = 400  # quantiles that tabulate the share of lengths below a count (beyond)
 BLOCK = 256  # requests whose lengths together hold the whole distribution (spread)
 
 
@@ -77,6 +79,21 @@ class OutputLengths:
             rng.shuffle(block)
             lens += block
         return lens
+
+    def beyond(self, done: list[int], seed: int) -> list[int]:
+        """The whole length of requests that have generated `done` tokens and are still running: drawn
+        from the lengths longer than that, the k-th at quantile F(d) + u (1 − F(d)) with u evenly spaced
+        over the requests and shuffled (F(d) the share of lengths at most d). So a request caught early
+        is as likely short as any, and one caught late runs on as the distribution's tail says."""
+        scale = self._scale()
+        grid = [self.quantile((k + 0.5) / CDF_GRID, scale) for k in range(CDF_GRID)]
+        us = [(k + 0.5) / max(len(done), 1) for k in range(len(done))]
+        np.random.RandomState(seed).shuffle(us)
+        out = []
+        for d, u in zip(done, us, strict=True):
+            below = bisect.bisect_right(grid, d) / CDF_GRID
+            out.append(max(self.quantile(below + u * (1.0 - below), scale), d + 1))
+        return out
 
     def p99(self) -> int:
         return self.quantile(0.99)

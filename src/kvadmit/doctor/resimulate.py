@@ -29,7 +29,6 @@ from kvadmit.sim.run import SimConfig, SimResult, simulate
 
 VOCAB = 32000
 WARMUP_MARGIN_S = 1.0
-REMAINING_CV2 = 1.0  # what running requests have left: exponential (see build_replay)
 
 
 @dataclass(slots=True)
@@ -53,16 +52,11 @@ def build_replay(rec: Reconstruction, budget: int | None = None) -> tuple[Replay
     n = n_run + n_wait + len(rec.arrivals.times)
     outs = dist.spread(n, seed=1)
     # The running requests' progress: evenly spread, its mean what the log's #token shows per request.
-    # What each has left: exponential around the log's remaining output, request-steps decoded ÷ finishes,
-    # which is the mean of an exponential whose requests finish at the rate the log's did; drawn without
-    # the budget and then cut at it, so the short ones still finish (log 04: 11 of 67 finish in its 21 s;
-    # a spread kept to its mean under the budget sent all 67 to it and none finished). A step's time as
-    # the cost model says.
+    # A step's time as the cost model says.
     step_s = rec.cost.value.decode.seconds(max(n_run, 1), rec.start.tokens)
     held = max(rec.start.tokens / n_run - prompt, 0.0) if n_run else 0.0
     done = [min(round((k + 0.5) / n_run * 2 * held), asked - 1) for k in range(n_run)]
-    left = OutputLengths(rec.remaining_output.value, REMAINING_CV2, NO_CAP).spread(n_run, seed=3)
-    outs[:n_run] = [max(min(d + x, asked), d + 1) for d, x in zip(done, left, strict=True)]
+    outs[:n_run] = running_lengths(rec, dist, done)
     progress = [d * step_s for d in done]
     warmup = (max(progress) if progress else 0.0) + WARMUP_MARGIN_S
     times = [warmup - p for p in progress]
@@ -84,6 +78,23 @@ def build_replay(rec: Reconstruction, budget: int | None = None) -> tuple[Replay
     )
     arrivals = tuple(times[i] for i in order)
     return Replay(reqs, arrivals, tuple(f"r{j}" for j in range(n))), warmup
+
+
+def running_lengths(rec: Reconstruction, dist: OutputLengths, done: list[int]) -> list[int]:
+    """The whole output of each request running when the window opens, given what it has generated.
+
+    As a rule, drawn from the lengths beyond its progress (lengths.py's beyond). But when the log's own
+    finishing says they have more left than any length within the budget allows (request-steps decoded ÷
+    finishes over the budget: a storm, where the few that finish are the short ones and set the mean
+    output too low), what each has left is exponential with that mean, drawn without the budget and cut at
+    it: the rate at which the log's requests finished, so the short ones still finish (log 04: 11 of its
+    67 in 21 s, remaining 3,825 against a budget of 2,686; drawn from the lengths, none retracted; kept
+    within the budget at that mean, none finished and 74 retracted a minute against the log's 46)."""
+    remaining = rec.remaining_output
+    if remaining.confidence == "guess" or remaining.value <= dist.budget:
+        return [min(x, dist.budget) for x in dist.beyond(done, seed=3)]
+    left = OutputLengths(remaining.value, 1.0, NO_CAP).spread(len(done), seed=3)
+    return [max(min(d + x, dist.budget), d + 1) for d, x in zip(done, left, strict=True)]
 
 
 def run(rec: Reconstruction, label: str, overrides: dict[str, Any], budget: int | None = None) -> SimRun:
