@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from kvadmit.costmodel.costmodel import DecodeCost
 from kvadmit.doctor.inferred import Inferred
 from kvadmit.doctor.lengths import OutputLengths
 from kvadmit.doctor.observed import observe_lines
@@ -27,6 +28,7 @@ from kvadmit.doctor.reconstruct_workload import (
     infer_spread,
     prompt_cap_from_retractions,
 )
+from kvadmit.doctor.resimulate import warmup_seconds
 from kvadmit.doctor.whatif import Stats
 
 
@@ -240,6 +242,16 @@ def test_a_figure_the_log_shows_as_nothing_is_compared_in_its_own_units() -> Non
     # 37 against 40 is 3 ÷ 37 = 8% apart; 0.0 against 15.2 is no percentage at all (it printed 10^15%).
     assert _info_row("queue length (mean)", 37.0, 40.0).closeness == "8% apart"
     assert _info_row("queue length (mean)", 0.0, 15.2).closeness == "15.2 apart"
+
+
+def test_the_running_requests_are_sent_as_long_before_the_window_as_their_steps_took() -> None:
+    # 10 ms + 1 ms a request + 0.01 ms a token held. Progress 2 and 1, prompts 100: two steps before the
+    # window only the first runs, holding its prompt (1 request, 100 tokens: 12.00 ms); one step before
+    # both run (2 requests, 101 + 100 tokens: 14.01 ms). So the one with 1 token is sent 14.01 ms before
+    # the window, the one with 2 tokens 26.01 ms, the one with none at it.
+    decode = DecodeCost(base_ms=10.0, per_request_ms=1.0, per_kv_token_ms=0.01)
+    got = warmup_seconds(decode, 100, [2, 1, 0])
+    assert got == pytest.approx([0.02601, 0.01401, 0.0])
 
 
 def _stats(retracted: int, span_s: float = 60.0) -> Stats:

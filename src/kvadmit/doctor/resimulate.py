@@ -20,6 +20,7 @@ import numpy as np
 
 from kvadmit.bench.metrics import RequestOutcome
 from kvadmit.bench.workload import SimRequest, WorkloadSpec
+from kvadmit.costmodel.costmodel import DecodeCost
 from kvadmit.doctor.lengths import OutputLengths
 from kvadmit.doctor.observed import Observed, observe_lines
 from kvadmit.doctor.reconstruct import NO_CAP, Reconstruction, lengths
@@ -52,12 +53,10 @@ def build_replay(rec: Reconstruction, budget: int | None = None) -> tuple[Replay
     n = n_run + n_wait + len(rec.arrivals.times)
     outs = dist.spread(n, seed=1)
     # The running requests' progress: evenly spread, its mean what the log's #token shows per request.
-    # A step's time as the cost model says.
-    step_s = rec.cost.value.decode.seconds(max(n_run, 1), rec.start.tokens)
     held = max(rec.start.tokens / n_run - prompt, 0.0) if n_run else 0.0
     done = [min(round((k + 0.5) / n_run * 2 * held), asked - 1) for k in range(n_run)]
     outs[:n_run] = running_lengths(rec, dist, done)
-    progress = [d * step_s for d in done]
+    progress = warmup_seconds(rec.cost.value.decode, prompt, done)
     warmup = (max(progress) if progress else 0.0) + WARMUP_MARGIN_S
     times = [warmup - p for p in progress]
     times += [warmup - 0.001 * (n_wait - k) / max(n_wait, 1) for k in range(n_wait)]
@@ -78,6 +77,30 @@ def build_replay(rec: Reconstruction, budget: int | None = None) -> tuple[Replay
     )
     arrivals = tuple(times[i] for i in order)
     return Replay(reqs, arrivals, tuple(f"r{j}" for j in range(n))), warmup
+
+
+def warmup_seconds(decode: DecodeCost, prompt: int, done: list[int]) -> list[float]:
+    """How long before the window each running request must be sent to have generated `done` tokens by
+    then: the decode steps since, each as long as the cost model says for the batch of that moment (j
+    steps before the window, the requests with at least j tokens, each holding its prompt and d − j).
+    One step time for all, the full batch's, sent them too late by half (log 04: 25.7 ms a step at 67
+    running, 17 ms at 10), and the short ones finished before the window opened."""
+    if not done:
+        return []
+    ranked = sorted(done, reverse=True)
+    elapsed = [0.0] * (ranked[0] + 1)  # elapsed[j]: seconds from j steps before the window to it
+    batch = held = 0
+    k = 0
+    for j in range(ranked[0], 0, -1):
+        while k < len(ranked) and ranked[k] >= j:  # a request that has generated j tokens is running
+            batch += 1
+            held += prompt + ranked[k] - j
+            k += 1
+        elapsed[j - 1] = decode.seconds(batch, held)
+        held += batch  # one token each for the step
+    for j in range(1, len(elapsed)):
+        elapsed[j] += elapsed[j - 1]
+    return [elapsed[d - 1] if d > 0 else 0.0 for d in done]
 
 
 def running_lengths(rec: Reconstruction, dist: OutputLengths, done: list[int]) -> list[int]:
