@@ -29,7 +29,8 @@ from kvadmit.doctor.reconstruct_workload import (
     prompt_cap_from_retractions,
 )
 from kvadmit.doctor.resimulate import warmup_seconds
-from kvadmit.doctor.whatif import Stats
+from kvadmit.doctor.whatif import Outcome, Scenario, Stats
+from kvadmit.doctor.whatif_report import _vs, within_chance
 
 
 def decode(t: int, running: int, tokens: int, usage: float = 0.9, queue: int = 0) -> str:
@@ -252,6 +253,18 @@ def test_the_running_requests_are_sent_as_long_before_the_window_as_their_steps_
     decode = DecodeCost(base_ms=10.0, per_request_ms=1.0, per_kv_token_ms=0.01)
     got = warmup_seconds(decode, 100, [2, 1, 0])
     assert got == pytest.approx([0.02601, 0.01401, 0.0])
+
+
+def test_a_what_if_whose_retractions_differ_from_today_by_chance_says_so() -> None:
+    # 13 against 11 in the same window: |13 − 11| = 2 < 2 √24 ≈ 9.8, within chance; 40 against 10:
+    # 30 > 2 √50 ≈ 14.1, a real change.
+    def outcome(retracted: int) -> Outcome:
+        return Outcome(Scenario("x", "user"), "retraction-storm", _stats(retracted), None, None, None, 0)
+
+    today = outcome(13)
+    assert _vs(outcome(11), today, "retractions_per_min") == "11 (-15%, within chance)"
+    assert _vs(outcome(40), outcome(10), "retractions_per_min") == "40 (+300%)"
+    assert not within_chance(5, 5)
 
 
 def _stats(retracted: int, span_s: float = 60.0) -> Stats:
