@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from kvadmit.costmodel.costmodel import DecodeCost
 from kvadmit.doctor.inferred import Inferred
 from kvadmit.doctor.lengths import OutputLengths
 from kvadmit.doctor.observed import observe_lines
-from kvadmit.doctor.prove import _retraction_row
+from kvadmit.doctor.prove import _info_row, _retraction_row
 from kvadmit.doctor.reconstruct import _loop_note
 from kvadmit.doctor.reconstruct_server import (
     infer_conservativeness,
@@ -23,10 +24,13 @@ from kvadmit.doctor.reconstruct_workload import (
     arrival_rate,
     infer_lengths,
     infer_prompt,
+    infer_prompt_spread,
     infer_spread,
     prompt_cap_from_retractions,
 )
-from kvadmit.doctor.whatif import Stats
+from kvadmit.doctor.resimulate import warmup_seconds
+from kvadmit.doctor.whatif import Outcome, Scenario, Stats
+from kvadmit.doctor.whatif_report import _vs, within_chance
 
 
 def decode(t: int, running: int, tokens: int, usage: float = 0.9, queue: int = 0) -> str:
@@ -61,6 +65,15 @@ def test_the_decode_log_interval_is_how_much_token_grew_per_running_request() ->
     # Interval 10: 32 running grow by 320.
     got = infer_decode_log_interval(observe_lines([decode(1, 32, 1000), decode(2, 32, 1320)]))
     assert got.value == 10
+    # 20 pairs give 40 × 35 = 1,400; one odd pair grows by 1,225 = 35 × 35. 20 of 21 agree (over 95%):
+    # still exact. With a second odd pair, 20 of 22 (91%): an estimate.
+    good = [decode(1 + i, 35, 10_000 + 1_400 * i) for i in range(21)]
+    odd = [prefill(29, 1, 100), decode(30, 35, 10_000), decode(31, 35, 11_225)]
+    got = infer_decode_log_interval(observe_lines(good + odd))
+    assert (got.value, got.confidence) == (40, "exact") and "20 of 21 pairs" in got.how
+    more = [prefill(39, 1, 100), decode(40, 35, 10_000), decode(41, 35, 11_225)]
+    got = infer_decode_log_interval(observe_lines(good + odd + more))
+    assert (got.value, got.confidence) == (40, "estimate") and "20 of 22 pairs" in got.how
     # No two back-to-back lines with the same count: SGLang's default, as a guess.
     got = infer_decode_log_interval(observe_lines([decode(1, 32, 1000), decode(2, 31, 1200)]))
     assert (got.value, got.confidence) == (40, "guess")
@@ -180,6 +193,21 @@ def test_the_output_spread_is_twice_the_held_output_over_the_mean_less_one() -> 
     assert got.value == pytest.approx(0.0)
 
 
+def test_the_prompts_spread_is_read_off_the_lines_that_admit_one_request() -> None:
+    # 20 lines of one request each, prompts 100 and 300 in turn: mean 200, variance 100² = 10,000, CV²
+    # 10,000 ÷ 200² = 0.25. A line of two requests says nothing of either; after a retraction a line may be
+    # a re-admission (prompt and output again): the 1,000 is left out.
+    alone = [prefill(1 + i, 1, 100 if i % 2 else 250, 0 if i % 2 else 50) for i in range(20)]
+    lines = [*alone, prefill(30, 2, 2_000), decode(31, 20, 9_000), retract(32, 900, 0.098, 0.3),
+             prefill(33, 1, 1_000)]  # fmt: skip
+    got = infer_prompt_spread(observe_lines(lines))
+    assert got.value == pytest.approx(0.25) and got.confidence == "estimate"
+    assert "20 Prefill lines" in got.how and "before the first retraction" in got.how
+    # 19 lines do not tell: every prompt as long as the mean, a guess.
+    got = infer_prompt_spread(observe_lines(alone[:19]))
+    assert (got.value, got.confidence) == (0.0, "guess")
+
+
 def test_output_lengths_keep_their_mean_and_spread() -> None:
     same = OutputLengths(100.0, 0.0, 1000)
     assert same.spread(10, seed=1) == [100] * 10
@@ -187,12 +215,56 @@ def test_output_lengths_keep_their_mean_and_spread() -> None:
     assert uniform.quantile(0.25) == 50 and uniform.p99() == 198
     lens = uniform.spread(1000, seed=1)
     assert sum(lens) / len(lens) == pytest.approx(100.0, rel=0.01)
+    # Each block of 256 requests holds the quantiles evenly: its mean is the mean within a token (a shuffle
+    # of all 1,000 gives the first 256 a mean off by 200 ÷ √12 ÷ √256 ≈ 3.6 tokens, one sd, by chance).
+    for first in (0, 256, 512):
+        assert sum(lens[first : first + 256]) / 256 == pytest.approx(100.0, abs=1.0)
+    assert lens[:256] != sorted(lens[:256])  # shuffled within the block
     assert sum((x - 100) ** 2 for x in lens) / len(lens) / 100**2 == pytest.approx(1 / 3, rel=0.02)
     capped = OutputLengths(100.0, 1 / 3, 150)  # the cap at 150 cuts a quarter: the rest is scaled up
     lens = capped.spread(1000, seed=1)
     assert max(lens) == 150 and sum(lens) / len(lens) == pytest.approx(100.0, rel=0.01)
     wide = OutputLengths(100.0, 1.0, 100_000)  # exponential: p99 = 100 × ln 100
     assert wide.p99() == pytest.approx(460.5, abs=1)
+
+
+def test_a_running_request_is_as_long_as_the_lengths_beyond_its_progress() -> None:
+    uniform = OutputLengths(100.0, 1 / 3, 1000)  # uniform on [0, 200]
+    # Caught at 150 tokens: its length is uniform on (150, 200], mean 175; caught at 0, any length.
+    late = uniform.beyond([150] * 400, seed=3)
+    assert min(late) > 150 and sum(late) / 400 == pytest.approx(175.0, abs=1.0)
+    early = uniform.beyond([0] * 400, seed=3)
+    assert sum(early) / 400 == pytest.approx(100.0, abs=1.0)
+    # Past the longest length there is nothing beyond: one more token.
+    assert uniform.beyond([250], seed=3) == [251]
+
+
+def test_a_figure_the_log_shows_as_nothing_is_compared_in_its_own_units() -> None:
+    # 37 against 40 is 3 ÷ 37 = 8% apart; 0.0 against 15.2 is no percentage at all (it printed 10^15%).
+    assert _info_row("queue length (mean)", 37.0, 40.0).closeness == "8% apart"
+    assert _info_row("queue length (mean)", 0.0, 15.2).closeness == "15.2 apart"
+
+
+def test_the_running_requests_are_sent_as_long_before_the_window_as_their_steps_took() -> None:
+    # 10 ms + 1 ms a request + 0.01 ms a token held. Progress 2 and 1, prompts 100: two steps before the
+    # window only the first runs, holding its prompt (1 request, 100 tokens: 12.00 ms); one step before
+    # both run (2 requests, 101 + 100 tokens: 14.01 ms). So the one with 1 token is sent 14.01 ms before
+    # the window, the one with 2 tokens 26.01 ms, the one with none at it.
+    decode = DecodeCost(base_ms=10.0, per_request_ms=1.0, per_kv_token_ms=0.01)
+    got = warmup_seconds(decode, 100, [2, 1, 0])
+    assert got == pytest.approx([0.02601, 0.01401, 0.0])
+
+
+def test_a_what_if_whose_retractions_differ_from_today_by_chance_says_so() -> None:
+    # 13 against 11 in the same window: |13 − 11| = 2 < 2 √24 ≈ 9.8, within chance; 40 against 10:
+    # 30 > 2 √50 ≈ 14.1, a real change.
+    def outcome(retracted: int) -> Outcome:
+        return Outcome(Scenario("x", "user"), "retraction-storm", _stats(retracted), None, None, None, 0)
+
+    today = outcome(13)
+    assert _vs(outcome(11), today, "retractions_per_min") == "11 (-15%, within chance)"
+    assert _vs(outcome(40), outcome(10), "retractions_per_min") == "40 (+300%)"
+    assert not within_chance(5, 5)
 
 
 def _stats(retracted: int, span_s: float = 60.0) -> Stats:

@@ -3,11 +3,19 @@
 what-if for a changed flag is checked against actually simulating the changed flag.
 
 The truth is what made the log: the pool flag, the requests' own lengths (bench/workload.py draws them)
-and their send times. Metrics compared (docs/doctor.md's round-trip table): gen throughput (token/s, the
-mean of the Decode lines), KV usage (the mean token usage of the batch lines), TTFT p50 where queueing
-at a fixed cause sets it, and retractions per minute within chance (two Poisson counts a and b of one
-rate differ by less than 2 √(a + b) about 95% of the time: a storm of ~30 retractions is only known to
-within ~35%, so 10% cannot be asked of it)."""
+and their send times. Every metric the what-if table prints is compared, over the log's window (each log
+is shorter than the 300 s the doctor simulates, so the window is the whole log): TTFT p50 and p99, TPOT,
+gen throughput (token/s, the mean of the Decode lines), retractions per minute and KV usage (the mean
+token usage of the batch lines), each within 10% of actually running the changed flag.
+
+Chance is kept small by size: each log holds 800 to 2,400 requests (a server 4× faster than 20 ms a step,
+so that many fit in the window). benchmarks/doctor_whatif_seeds.py runs the same what-ifs over five seeds
+and gives the actual runs' run-to-run spread next to the what-if's miss on each (docs/doctor.md: within 3%
+for throughput and usage everywhere; the storm's TTFT and TPOT wander 8–14% from seed to seed). Where a
+metric is set by a handful of events it is compared as chance allows: retractions when the actual run
+retracts fewer than 100 times (two Poisson counts a and b of one rate differ by less than 2 √(a + b) about
+95% of the time), and TTFT on the one queue that sits at the edge of stability (ignore-eos at twice the
+pool, below) is not asserted."""
 
 from __future__ import annotations
 
@@ -24,11 +32,13 @@ from kvadmit.costmodel.costmodel import CostModel
 from kvadmit.doctor.diagnose import Inputs, diagnose
 from kvadmit.doctor.observed import observe_lines
 from kvadmit.doctor.prove import Proof, prove
+from kvadmit.doctor.reconstruct import Reconstruction
 from kvadmit.doctor.whatif import Outcome, Scenario, Stats, window_stats
 from kvadmit.sim.run import SimConfig, SimResult, simulate
 
-COST = CostModel.simple(20.0, 20_000.0)  # 20 ms a decode step, 20,000 prefill tokens a second
+COST = CostModel.simple(5.0, 80_000.0)  # 5 ms a decode step, 80,000 prefill tokens a second
 CLOSE = 0.10  # the issue's bar: within 10%
+FEW_RETRACTIONS = 100  # fewer than this in the actual run: compared within chance, not within 10%
 
 
 @dataclass(frozen=True)
@@ -40,28 +50,29 @@ class Case:
 
 EARLY_STOP = Case(  # asks for 600, stops at its own length in [150, 300]; the pool never binds
     ServerArgs(max_total_tokens=30_000),
-    WorkloadSpec(num_prompts=300, input_len=400, output_len=300, range_ratio=0.5, seed=3, ignore_eos=False,
+    WorkloadSpec(num_prompts=1200, input_len=400, output_len=300, range_ratio=0.5, seed=3, ignore_eos=False,
                  max_new_tokens=600, stop="full"),
-    4.0,
+    16.0,
 )  # fmt: skip
-# Asks for 1,024, stops uniformly in [1, 1024]: a queue on a full pool, with retractions. (At 4 or 5 a
-# second the same workload retracts 1 to 5 times a minute depending on the seed, across the storm line:
-# the replay check then often fails on the verdict, and the doctor rightly claims no prediction.)
+# Asks for 1,024, stops uniformly in [1, 1024]: a queue on a full pool, with retractions (~10 a minute;
+# with 400 requests it was 2 a minute, across the storm line by chance, and the replay check's verdict
+# then went either way with the seed).
 UNIFORM_STOP = Case(
     ServerArgs(max_total_tokens=16_384),
-    WorkloadSpec(num_prompts=400, input_len=128, output_len=1024, range_ratio=1.0, seed=5, ignore_eos=False),
-    6.0,
+    WorkloadSpec(num_prompts=2400, input_len=128, output_len=1024, range_ratio=1.0, seed=5, ignore_eos=False),
+    24.0,
 )
-IGNORE_EOS_SPEC = WorkloadSpec(num_prompts=200, input_len=256, output_len=1024, range_ratio=0.5, seed=5)
-IGNORE_EOS = Case(ServerArgs(max_total_tokens=16_384), IGNORE_EOS_SPEC, 2.0)  # bench_serving's default
+IGNORE_EOS_SPEC = WorkloadSpec(num_prompts=800, input_len=256, output_len=1024, range_ratio=0.5, seed=5)
+IGNORE_EOS = Case(ServerArgs(max_total_tokens=16_384), IGNORE_EOS_SPEC, 8.0)  # bench_serving's default
 # The same under 0.5.18's rules, where ignore_eos requests reserve at the ratio too: a retraction storm
 # (the real log 04's situation, SGLang 0.5.18 and ignore_eos requests).
-STORM = Case(ServerArgs(max_total_tokens=16_384, sglang_version="0.5.18"), IGNORE_EOS_SPEC, 2.0)
+STORM_ARGS = ServerArgs(max_total_tokens=16_384, sglang_version="0.5.18")
+STORM = Case(STORM_ARGS, replace(IGNORE_EOS_SPEC, num_prompts=1400), 8.0)  # 175 s of arrivals, ~240 s of log
 OVERSIZED = Case(  # asks for 2,048, uses 256 to 512: an idle pool with a queue while the ratio is high
     ServerArgs(max_total_tokens=16_384),
-    WorkloadSpec(num_prompts=400, input_len=128, output_len=512, range_ratio=0.5, seed=5, ignore_eos=False,
+    WorkloadSpec(num_prompts=1600, input_len=128, output_len=512, range_ratio=0.5, seed=5, ignore_eos=False,
                  max_new_tokens=2048, stop="full"),
-    4.5,
+    18.0,
 )  # fmt: skip
 
 
@@ -161,31 +172,58 @@ def test_the_pool_without_the_startup_line_lies_in_what_the_usage_allows(tmp: Pa
     assert abs(rec.pool.value - 16_384) <= hi - lo
 
 
-def _compare(predicted: Outcome, lines: list[str], result: SimResult, metrics: tuple[str, ...]) -> None:
-    actual = log_stats(lines)
+def actual_metrics(lines: list[str], result: SimResult, window: tuple[float, float]) -> dict[str, float]:
+    """What the what-if table prints, for an actual run, over the window the doctor simulated."""
+    stats = window_stats(observe_lines(lines), window[0], window[1] - window[0])
+    done = [o for o in result.outcomes if o.success]
+    ttfts = sorted(1000 * o.ttft for o in done)
+    tpots = [1000 * (o.latency - o.ttft) / (o.output_len - 1) for o in done if o.output_len > 1]
+    assert stats.throughput_mean is not None and stats.usage_mean is not None
+    return {
+        "ttft_p50": ttfts[len(ttfts) // 2], "ttft_p99": ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))],
+        "tpot": statistics.fmean(tpots), "throughput": stats.throughput_mean,
+        "retractions": stats.retracted, "usage": stats.usage_mean,
+    }  # fmt: skip
+
+
+def predicted_metrics(o: Outcome) -> dict[str, float]:
+    assert o.ttft_p50_ms is not None and o.ttft_p99_ms is not None and o.tpot_ms is not None
+    assert o.stats.throughput_mean is not None and o.stats.usage_mean is not None
+    return {
+        "ttft_p50": o.ttft_p50_ms, "ttft_p99": o.ttft_p99_ms, "tpot": o.tpot_ms,
+        "throughput": o.stats.throughput_mean, "retractions": o.stats.retracted, "usage": o.stats.usage_mean,
+    }  # fmt: skip
+
+
+ALL = ("ttft_p50", "ttft_p99", "tpot", "throughput", "retractions", "usage")
+
+
+def _compare(predicted: Outcome, rec: Reconstruction, lines: list[str], result: SimResult,
+             metrics: tuple[str, ...] = ALL) -> None:  # fmt: skip
+    span = rec.span_s
+    want = actual_metrics(lines, result, (rec.window[0], rec.window[0] + span))
+    got = predicted_metrics(predicted)
     for metric in metrics:
-        if metric == "throughput":
-            assert predicted.stats.throughput_mean == pytest.approx(actual.throughput_mean, rel=CLOSE)
-        elif metric == "usage":
-            assert predicted.stats.usage_mean == pytest.approx(actual.usage_mean, rel=CLOSE)
-        elif metric == "ttft_p50":
-            assert predicted.ttft_p50_ms == pytest.approx(ttft_p50_ms(result), rel=CLOSE)
-        elif metric == "retractions":
-            a, b = predicted.stats.retracted, actual.retracted  # both over the whole log (under 300 s)
-            assert abs(a - b) <= 2 * (a + b) ** 0.5, (a, b)
+        if metric == "retractions" and want[metric] < FEW_RETRACTIONS:
+            a, b = got[metric], want[metric]  # both over the same window
+            assert abs(a - b) <= 2 * (a + b) ** 0.5, (metric, a, b)
+        else:
+            assert got[metric] == pytest.approx(want[metric], rel=CLOSE), (metric, got[metric], want[metric])
 
 
 WHAT_IFS = [
-    ("early-stop", "--max-running-requests 16", {"max_running_requests": 16}, ("ttft_p50", "throughput")),
-    ("uniform-stop", "--schedule-conservativeness 1.3", {"schedule_conservativeness": 1.3},
-     ("ttft_p50", "throughput", "usage")),
-    ("uniform-stop", "--max-total-tokens 24576", {"max_total_tokens": 24_576}, ("throughput", "usage")),
-    ("ignore-eos", "--max-total-tokens 32768", {"max_total_tokens": 32_768}, ("throughput", "usage")),
-    ("ignore-eos", "--max-running-requests 16", {"max_running_requests": 16}, ("throughput", "usage")),
-    ("storm", "--schedule-conservativeness 1.3", {"schedule_conservativeness": 1.3},
-     ("retractions", "throughput", "usage")),
-    ("storm", "--max-running-requests 16", {"max_running_requests": 16},
-     ("retractions", "throughput", "usage")),
+    ("early-stop", "--max-running-requests 16", {"max_running_requests": 16}, ALL),
+    ("uniform-stop", "--schedule-conservativeness 1.3", {"schedule_conservativeness": 1.3}, ALL),
+    ("uniform-stop", "--max-running-requests 24", {"max_running_requests": 24}, ALL),
+    ("uniform-stop", "--max-total-tokens 24576", {"max_total_tokens": 24_576}, ALL),
+    # Twice the pool leaves this queue just short of stable: over seeds 5–9 the actual run's TTFT p50 is
+    # 0.18–1.5 s and its p99 1.7–4.5 s (benchmarks/doctor_speed_whatif.txt), chance and nothing else.
+    ("ignore-eos", "--max-total-tokens 32768", {"max_total_tokens": 32_768},
+     ("tpot", "throughput", "retractions", "usage")),
+    ("ignore-eos", "--max-running-requests 16", {"max_running_requests": 16}, ALL),
+    ("storm", "--schedule-conservativeness 1.3", {"schedule_conservativeness": 1.3}, ALL),
+    ("storm", "--max-running-requests 24", {"max_running_requests": 24}, ALL),
+    ("storm", "--max-total-tokens 24576", {"max_total_tokens": 24_576}, ALL),
 ]  # fmt: skip
 
 
@@ -198,8 +236,10 @@ def test_the_what_if_lands_within_10_percent_of_running_the_changed_flag(
     proof: Proof = prove(m.path, m.verdict, [scenario])
     assert proof.reproduced
     predicted = next(o for o in proof.outcomes if o.scenario is scenario)
+    rec = proof.reconstruction
+    assert rec is not None and rec.window == observe_lines(m.lines).span  # the whole log is simulated
     lines, result = run_case(m.case, **changed)
-    _compare(predicted, lines, result, metrics)
+    _compare(predicted, rec, lines, result, metrics)
 
 
 def test_the_realistic_max_new_tokens_what_if_lands_within_10_percent(tmp: Path) -> None:
@@ -215,4 +255,5 @@ def test_the_realistic_max_new_tokens_what_if_lands_within_10_percent(tmp: Path)
     assert p99 == pytest.approx(outs[int(0.99 * len(outs))], rel=CLOSE)  # the true lengths' p99
     spec = replace(OVERSIZED.spec, max_new_tokens=p99)
     lines, result = run_case(Case(OVERSIZED.args, spec, OVERSIZED.rate))
-    _compare(advice[0], lines, result, ("throughput", "usage"))
+    assert proof.reconstruction is not None
+    _compare(advice[0], proof.reconstruction, lines, result)

@@ -15,12 +15,15 @@ for it)."""
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass
 
 import numpy as np
 
 UNIFORM_MAX_CV2 = 1.0 / 3.0  # lengths uniform on [0, 2 × mean]: the widest uniform spread
+CDF_GRID = 400  # quantiles that tabulate the share of lengths below a count (beyond)
+BLOCK = 256  # requests whose lengths together hold the whole distribution (spread)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,11 +64,36 @@ class OutputLengths:
         return min(max(1, round(x)), self.budget)
 
     def spread(self, n: int, seed: int) -> list[int]:
-        """n lengths at evenly spaced quantiles, shuffled; their mean is the mean (within the cap)."""
+        """n lengths, in the order requests get them: each block of BLOCK consecutive requests holds the
+        distribution's quantiles evenly spaced, shuffled within the block. Within a block the order is as
+        random as independent draws (a long request may follow a long one: runs of them are what fill a
+        pool past its reservations and retract), while every block's mean is the mean (within the cap).
+        A shuffle of all n would let the running mean drift by chance (CV ÷ √k after k requests), and a
+        queue's waits follow it: a seed's drift became the what-if's TTFT error (docs/doctor.md)."""
         scale = self._scale()
-        lens = [self.quantile((k + 0.5) / n, scale) for k in range(n)]
-        np.random.RandomState(seed).shuffle(lens)
+        rng = np.random.RandomState(seed)
+        lens: list[int] = []
+        for first in range(0, n, BLOCK):
+            m = min(BLOCK, n - first)
+            block = [self.quantile((k + 0.5) / m, scale) for k in range(m)]
+            rng.shuffle(block)
+            lens += block
         return lens
+
+    def beyond(self, done: list[int], seed: int) -> list[int]:
+        """The whole length of requests that have generated `done` tokens and are still running: drawn
+        from the lengths longer than that, the k-th at quantile F(d) + u (1 − F(d)) with u evenly spaced
+        over the requests and shuffled (F(d) the share of lengths at most d). So a request caught early
+        is as likely short as any, and one caught late runs on as the distribution's tail says."""
+        scale = self._scale()
+        grid = [self.quantile((k + 0.5) / CDF_GRID, scale) for k in range(CDF_GRID)]
+        us = [(k + 0.5) / max(len(done), 1) for k in range(len(done))]
+        np.random.RandomState(seed).shuffle(us)
+        out = []
+        for d, u in zip(done, us, strict=True):
+            below = bisect.bisect_right(grid, d) / CDF_GRID
+            out.append(max(self.quantile(below + u * (1.0 - below), scale), d + 1))
+        return out
 
     def p99(self) -> int:
         return self.quantile(0.99)

@@ -93,7 +93,9 @@ def _round(x: float | None, digits: int) -> float | None:
 def _info_row(metric: str, log: float | None, sim: float | None, digits: int = 1) -> CheckRow:
     if log is None or sim is None:
         return CheckRow(metric, log, sim, "not shown", True)
-    rel = abs(sim - log) / max(abs(log), 1e-9)
+    if abs(log) < 1.0:  # a percentage of (nearly) nothing says nothing (log 49: a queue of 0.0 against 15)
+        return CheckRow(metric, round(log, digits), round(sim, digits), f"{abs(sim - log):,.1f} apart", True)
+    rel = abs(sim - log) / abs(log)
     return CheckRow(metric, round(log, digits), round(sim, digits), f"{100 * rel:.0f}% apart", True)
 
 

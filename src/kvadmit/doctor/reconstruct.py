@@ -48,6 +48,7 @@ class Reconstruction:
     stops_early: Inferred[bool]
     output_spread: Inferred[float]  # CV² of the output lengths (lengths.py)
     remaining_output: Inferred[float]  # of the requests running when the window opens
+    prompt_spread: Inferred[float]  # CV² of the prompt lengths
     running_at_first_retraction: int | None = None
     notes: list[str] = field(default_factory=list)
     # Each request reserves its whole max_new_tokens and generates all of it (bench_serving's default
@@ -85,6 +86,7 @@ class Reconstruction:
             "overlap_loop": self.overlap,
             "request_rate": self.arrivals.rate,
             "prompt_len": self.prompt_len,
+            "prompt_spread": self.prompt_spread,
             "output_len": self.output_len,
             "max_new_tokens": self.max_new_tokens,
             "stops_early": self.stops_early,
@@ -194,5 +196,6 @@ def reconstruct(obs: Observed) -> Reconstruction:
         server.infer_max_running(obs), interval, server.infer_conservativeness(obs),
         server.infer_overlap(obs), server.infer_cost(obs, interval.value), (t0, t1),
         resolution, start, arrivals, prompt, output, budget, stops,
-        spread, workload.infer_remaining(obs, interval.value, output.value), first_running, notes,
+        spread, workload.infer_remaining(obs, interval.value, output.value),
+        workload.infer_prompt_spread(obs), first_running, notes,
     )  # fmt: skip

@@ -115,6 +115,9 @@ def _told(obs: Observed, name: str) -> str | None:
     return obs.server_args.get(name)
 
 
+EXACT_SHARE = 0.95  # of the pairs that must agree for an exact interval
+
+
 def infer_decode_log_interval(obs: Observed) -> Inferred[int]:
     """--decode-log-interval: the server_args line's; or, between two Decode lines with nothing between
     them (no prefill, no retraction) and the same #running-req B, every request gained one token a step,
@@ -144,7 +147,9 @@ def infer_decode_log_interval(obs: Observed) -> Inferred[int]:
         f"#token grew by exactly {value} × #running-req between {hits} of {pairs} pairs of back-to-back "
         "Decode lines with the same #running-req"
     )
-    return Inferred(value, how, "exact" if hits >= 2 and hits == pairs else "estimate")
+    # Exact when at least 2 pairs and 95% of them agree: over thousands of steps the overlap loop leaves
+    # the odd pair off (1 of 115 on a 2,400-request simulated log: 35 × 35 where 40 × 35 was due).
+    return Inferred(value, how, "exact" if hits >= 2 and hits >= EXACT_SHARE * pairs else "estimate")
 
 
 def infer_conservativeness(obs: Observed) -> Inferred[float]:

@@ -5,7 +5,8 @@ The arithmetic (docs/sglang-rules.md §2–§4):
 * Arrivals. Between two batch lines the queue changes by arrivals + retracted − admitted, and every
   admitted request shows in a Prefill line's #new-seq, so arrivals = Δ#queue-req + Σ #new-seq − Σ
   #retracted_reqs. Their running total, kept from going back, gives the arrival times.
-* Prompts: (#new-token + #cached-token) ÷ #new-seq over the Prefill lines.
+* Prompts: (#new-token + #cached-token) ÷ #new-seq over the Prefill lines; their spread from the lines
+  that admit one request.
 * Outputs. Over the --decode-log-interval (n) steps between two Decode lines every running request
   gains a token per step, so #token grows by n × #running-req, plus what was prefilled, less what
   retraction freed (#new_tokens_gained) and less what finished requests freed. The requests that
@@ -26,6 +27,7 @@ from kvadmit.doctor.inferred import Inferred
 from kvadmit.doctor.observed import Decode, Observed, Prefill, Retract
 
 RETRACT_DECODE_STEPS = 20  # SGLANG_RETRACT_DECODE_STEPS's default (§2)
+MIN_ALONE = 20  # Prefill lines of one request each, to tell the prompts' spread
 
 
 @dataclass(slots=True)
@@ -144,6 +146,24 @@ def infer_prompt(obs: Observed) -> Inferred[float] | None:
         how += f", less {retracted:,} re-admitted after retraction (Σ #new_tokens_gained {gained:,})"
     how += f" ({seqs:,} requests)"
     return Inferred(tokens / seqs, how, "estimate" if seqs >= 3 else "guess")
+
+
+def infer_prompt_spread(obs: Observed) -> Inferred[float]:
+    """The prompts' squared coefficient of variation, from the Prefill lines that admit one request before
+    the first retraction: each shows that request's prompt (#new-token + #cached-token). After a
+    retraction a line may be a re-admission, which prefills the prompt and the output again (on the
+    uniform-stop round trip those lines put CV² at 0.12 where every prompt is 128 tokens). Too few
+    lines: every prompt as long as the mean."""
+    first = obs.retracts[0].t if obs.retracts else float("inf")
+    alone = [p.new_token + p.cached for p in obs.prefills if p.new_seq == 1 and p.t < first]
+    where = "before the first retraction" if obs.retracts else "in the log"
+    if len(alone) < MIN_ALONE:
+        how = f"{len(alone)} Prefill lines admit one request {where} ({MIN_ALONE} tell): every prompt as long"
+        return Inferred(0.0, how, "guess")
+    mean = statistics.fmean(alone)
+    value = statistics.pvariance(alone) / mean**2
+    how = f"the prompts of the {len(alone):,} Prefill lines that admit one request {where}: CV² {value:.3f}"
+    return Inferred(value, how, "estimate")
 
 
 def finished_context(obs: Observed, interval: int) -> tuple[float, float, float] | None:

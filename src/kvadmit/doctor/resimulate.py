@@ -3,7 +3,8 @@
 The requests: those running when the window opens, sent over a warm-up before it (each sent as long
 before the window as it had been decoding: progress spread evenly over its output, so the pool holds
 about what the log shows and the ratio has decayed), those waiting then, sent just before it, and the
-arrivals inferred inside it. Every request has the inferred prompt length and max_new_tokens; it stops
+arrivals inferred inside it. Prompts spread as the lines that admit one request show (the mean, when too
+few do). Every request has the inferred max_new_tokens; it stops
 at its own output length (spread evenly around the mean when requests stop early, the budget when they
 do not). The simulated log lines of the window are what the replay check and the what-ifs compare."""
 
@@ -19,16 +20,16 @@ import numpy as np
 
 from kvadmit.bench.metrics import RequestOutcome
 from kvadmit.bench.workload import SimRequest, WorkloadSpec
+from kvadmit.costmodel.costmodel import DecodeCost
 from kvadmit.doctor.lengths import OutputLengths
 from kvadmit.doctor.observed import Observed, observe_lines
-from kvadmit.doctor.reconstruct import Reconstruction, lengths
+from kvadmit.doctor.reconstruct import NO_CAP, Reconstruction, lengths
 from kvadmit.observe.loglines import timestamp_prefix
 from kvadmit.sim.replay import Replay
 from kvadmit.sim.run import SimConfig, SimResult, simulate
 
 VOCAB = 32000
 WARMUP_MARGIN_S = 1.0
-REMAINING_CV2 = 1.0 / 12.0  # what running requests have left: uniform on [½, 1½] × its mean
 
 
 @dataclass(slots=True)
@@ -51,15 +52,11 @@ def build_replay(rec: Reconstruction, budget: int | None = None) -> tuple[Replay
     n_run, n_wait = rec.start.running, rec.start.queue
     n = n_run + n_wait + len(rec.arrivals.times)
     outs = dist.spread(n, seed=1)
-    # The running requests' progress: evenly spread, its mean what the log's #token shows per request;
-    # what each has left spread evenly around the log's remaining output (the rate the window's requests
-    # finished at), within the budget. A step's time as the cost model says.
-    step_s = rec.cost.value.decode.seconds(max(n_run, 1), rec.start.tokens)
+    # The running requests' progress: evenly spread, its mean what the log's #token shows per request.
     held = max(rec.start.tokens / n_run - prompt, 0.0) if n_run else 0.0
     done = [min(round((k + 0.5) / n_run * 2 * held), asked - 1) for k in range(n_run)]
-    left = OutputLengths(rec.remaining_output.value, REMAINING_CV2, asked).spread(n_run, seed=3)
-    outs[:n_run] = [max(min(d + x, asked), d + 1) for d, x in zip(done, left, strict=True)]
-    progress = [d * step_s for d in done]
+    outs[:n_run] = running_lengths(rec, dist, done)
+    progress = warmup_seconds(rec.cost.value.decode, prompt, done)
     warmup = (max(progress) if progress else 0.0) + WARMUP_MARGIN_S
     times = [warmup - p for p in progress]
     times += [warmup - 0.001 * (n_wait - k) / max(n_wait, 1) for k in range(n_wait)]
@@ -71,12 +68,56 @@ def build_replay(rec: Reconstruction, budget: int | None = None) -> tuple[Replay
     # reserve all of it); the others ask for the common budget and stop early.
     own = not rec.stops_early.value and budget is None
     eos = rec.reserves_all.value
+    prompts = OutputLengths(prompt, rec.prompt_spread.value, NO_CAP).spread(n, seed=4)
     reqs = tuple(
-        SimRequest(j, prompt, outs[i], outs[i] if own else asked, None if eos else outs[i], eos, offsets[i])
+        SimRequest(
+            j, prompts[i], outs[i], outs[i] if own else asked, None if eos else outs[i], eos, offsets[i]
+        )
         for j, i in enumerate(order)
     )
     arrivals = tuple(times[i] for i in order)
     return Replay(reqs, arrivals, tuple(f"r{j}" for j in range(n))), warmup
+
+
+def warmup_seconds(decode: DecodeCost, prompt: int, done: list[int]) -> list[float]:
+    """How long before the window each running request must be sent to have generated `done` tokens by
+    then: the decode steps since, each as long as the cost model says for the batch of that moment (j
+    steps before the window, the requests with at least j tokens, each holding its prompt and d − j).
+    One step time for all, the full batch's, sent them too early (log 04: 25.3 ms a step at 67
+    running, 18.4 ms at 10), and the short ones finished before the window opened."""
+    if not done:
+        return []
+    ranked = sorted(done, reverse=True)
+    elapsed = [0.0] * (ranked[0] + 1)  # elapsed[j]: seconds from j steps before the window to it
+    batch = held = 0
+    k = 0
+    for j in range(ranked[0], 0, -1):
+        while k < len(ranked) and ranked[k] >= j:  # a request that has generated j tokens is running
+            batch += 1
+            held += prompt + ranked[k] - j
+            k += 1
+        elapsed[j - 1] = decode.seconds(batch, held)
+        held += batch  # one token each for the step
+    for j in range(1, len(elapsed)):
+        elapsed[j] += elapsed[j - 1]
+    return [elapsed[d - 1] if d > 0 else 0.0 for d in done]
+
+
+def running_lengths(rec: Reconstruction, dist: OutputLengths, done: list[int]) -> list[int]:
+    """The whole output of each request running when the window opens, given what it has generated.
+
+    As a rule, drawn from the lengths beyond its progress (lengths.py's beyond). But when the log's own
+    finishing says they have more left than any length within the budget allows (request-steps decoded ÷
+    finishes over the budget: a storm, where the few that finish are the short ones and set the mean
+    output too low), what each has left is exponential with that mean, drawn without the budget and cut at
+    it: the rate at which the log's requests finished, so the short ones still finish (log 04: 11 of its
+    67 in 21 s, remaining 3,825 against a budget of 2,686; drawn from the lengths, none retracted; kept
+    within the budget at that mean, none finished and 74 retracted a minute against the log's 46)."""
+    remaining = rec.remaining_output
+    if remaining.confidence == "guess" or remaining.value <= dist.budget:
+        return [min(x, dist.budget) for x in dist.beyond(done, seed=3)]
+    left = OutputLengths(remaining.value, 1.0, NO_CAP).spread(len(done), seed=3)
+    return [max(min(d + x, dist.budget), d + 1) for d, x in zip(done, left, strict=True)]
 
 
 def run(rec: Reconstruction, label: str, overrides: dict[str, Any], budget: int | None = None) -> SimRun:
