@@ -2,7 +2,7 @@
 (`kvadmit simulate --replicas N --router POLICY` as a library call) and a real client against a real
 router in front of `kvadmit serve --simulate` workers. Both report, per worker: which requests it served,
 its peak queue (the largest #queue-req of its log lines, --decode-log-interval 1), and the TTFT median of
-its requests."""
+its requests, and the requests it retracted (the #retracted_reqs of its 'Retract requests' lines)."""
 
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ SYSTEM_PROMPTS = [
     f"You are assistant number {k}, answer in the voice of character {k}. " * 3 for k in range(4)
 ]
 QUEUE = re.compile(r"#queue-req: (\d+)")
+RETRACTED = re.compile(r"#retracted_reqs: (\d+)")
 MARK = re.compile(r"question (\d+):")
 
 
@@ -56,6 +57,7 @@ class WorkerResult:
     served: list[int]  # request indices
     peak_queue: int
     ttft_p50_ms: float
+    retracted: int  # requests retracted, summed over the worker's retraction log lines
 
 
 def simulated(stream: Stream, args: ServerArgs, decode_ms: float, policy: str, workers: int,
@@ -78,11 +80,22 @@ def simulated(stream: Stream, args: ServerArgs, decode_ms: float, policy: str, w
     out = []
     for k in range(workers):
         tag = f" DP{k}]" if workers > 1 else "]"
-        queues = [int(m.group(1)) for line in lines if tag in line[:26] for m in [QUEUE.search(line)] if m]
+        mine = [line for line in lines if tag in line[:26]]
         served = [i for i, r in enumerate(result.routed) if r == k]
         ttfts = [1000 * result.sim.outcomes[i].ttft for i in served]
-        out.append(WorkerResult(served, max(queues, default=0), statistics.median(ttfts) if ttfts else 0.0))
+        median = statistics.median(ttfts) if ttfts else 0.0
+        out.append(WorkerResult(served, peak_queue(mine), median, retracted(mine)))
     return out
+
+
+def peak_queue(lines: list[str]) -> int:
+    """The largest #queue-req of a worker's log lines (0 without any)."""
+    return max((int(m.group(1)) for line in lines for m in [QUEUE.search(line)] if m), default=0)
+
+
+def retracted(lines: list[str]) -> int:
+    """The requests a worker retracted: the sum of #retracted_reqs over its log lines."""
+    return sum(int(m.group(1)) for line in lines for m in [RETRACTED.search(line)] if m)
 
 
 async def _send(client: httpx.AsyncClient, url: str, prompt: str, max_tokens: int, at: float) -> float:
