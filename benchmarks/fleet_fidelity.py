@@ -5,10 +5,14 @@
 The simulation gets the HTTP path's time as --request-latency-ms: the median TTFT of a few requests sent
 one at a time to the idle workers through the router, measured first. Per worker: requests served (from
 the workers' --trace-requests), peak queue (the largest #queue-req of
-its log, --decode-log-interval 1) and TTFT median (the client's, of that worker's requests). Under
+its log, --decode-log-interval 1), requests retracted (the #retracted_reqs of its log's 'Retract requests'
+lines) and TTFT median (the client's, of that worker's requests). Under
 round_robin the counts must be identical; under cache_aware and power_of_two workers are listed by how many
 requests they served (which one gets most is a draw), and the simulated value is compared with the real
 runs' range. The routers poll loads every second (the tests' setting; sglang-router's default is 30 s).
+A real router's polls fall at an arbitrary point of that second relative to the requests, so power_of_two
+is also simulated with the first poll at each tenth of the interval (the second table): its range over
+those phases against the real runs' range.
 Needs the fleet extra (`make test-fleet` installs it).
 
     usage: python benchmarks/fleet_fidelity.py [--workers 2] [--requests 120] [--repeats 3]
@@ -23,7 +27,9 @@ import itertools
 import json
 import os
 import platform
+import shlex
 import statistics
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -36,10 +42,11 @@ sys.path.insert(0, str(HERE.parent / "tests" / "fleet"))
 from fleet_helpers import running_router, start_worker, wait_idle, wait_worker  # noqa: E402
 
 from fleet_workload import (  # noqa: E402
-    QUEUE,
     WorkerResult,
     idle_ttft_ms,
     make_stream,
+    peak_queue,
+    retracted,
     send_stream,
     served_from_trace,
     simulated,
@@ -58,6 +65,7 @@ def tail(path: Path, start: int) -> list[str]:
         return f.read().decode(errors="replace").splitlines()
 
 
+PHASES = 10  # power_of_two simulated with its first load poll at k / PHASES s
 STEPS: list[float] = []  # every real decode cycle (ms), from the workers' --trace-steps
 
 
@@ -83,10 +91,21 @@ def real_run(router: str, policy: str, workers: list, files: list[tuple[Path, Pa
         served = served_from_trace(tail(trace, trace_at))
         lines = tail(log, log_at)
         STEPS.extend(decode_cycles_ms(tail(steps_file(log), steps_at)))
-        queues = [int(m.group(1)) for line in lines for m in [QUEUE.search(line)] if m]
         mine = [ttfts[i] for i in served]
-        out.append(WorkerResult(served, max(queues, default=0), statistics.median(mine) if mine else 0.0))
+        median = statistics.median(mine) if mine else 0.0
+        out.append(WorkerResult(served, peak_queue(lines), median, retracted(lines)))
     return out
+
+
+def source_commit() -> str:
+    """The checkout's commit (short hash), marked when the working tree differs from it."""
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=HERE, capture_output=True, text=True).stdout.strip()
+
+    head = git("rev-parse", "--short", "HEAD") or "unknown"
+    dirty = git("status", "--porcelain", "--untracked-files=no")
+    return head + (" with uncommitted changes" if dirty else "")
 
 
 def ranked(results: list[WorkerResult], by_index: bool) -> list[WorkerResult]:
@@ -111,17 +130,71 @@ def table_rows(
         counts = [len(run[k].served) for run in runs]
         queues = [run[k].peak_queue for run in runs]
         ttft = [run[k].ttft_p50_ms for run in runs]
+        retractions = [run[k].retracted for run in runs]
         a, b = nominal[k], fitted[k]
-        pairs = ((len(b.served), counts), (b.peak_queue, queues), (b.ttft_p50_ms, ttft))
+        pairs = ((len(b.served), counts), (b.peak_queue, queues), (b.retracted, retractions),
+                 (b.ttft_p50_ms, ttft))  # fmt: skip
         inside = [min(v) <= x <= max(v) for x, v in pairs]
-        verdict = ", ".join(n for n, i in zip(("count", "queue", "TTFT"), inside, strict=True) if i) or "—"
+        names = ("count", "queue", "retracted", "TTFT")
+        verdict = ", ".join(n for n, i in zip(names, inside, strict=True) if i) or "—"
         label = f"DP{k}" if by_index else f"#{k + 1}"
         out.append(
             f"| {policy} | {router} | {label} | {len(a.served)} / {span(counts, 'd')} | "
             f"{a.peak_queue} / {b.peak_queue} / {span(queues, 'd')} | "
+            f"{a.retracted} / {b.retracted} / {span(retractions, 'd')} | "
             f"{a.ttft_p50_ms:,.0f} / {b.ttft_p50_ms:,.0f} / {span(ttft, ',.0f')} | {verdict} |"
         )
     return out
+
+
+METRICS = (("count", lambda w: len(w.served), "d"), ("queue", lambda w: w.peak_queue, "d"),
+           ("retracted", lambda w: w.retracted, "d"), ("TTFT", lambda w: w.ttft_p50_ms, ",.0f"))  # fmt: skip
+
+
+def phase_rows(
+    policy: str, router: str, runs: list[list[WorkerResult]], phased: list[list[WorkerResult]]
+) -> list[str]:
+    """One row per worker (by requests served): the simulated range over the poll phases / the real range,
+    how many phases fall inside the real range, and which ranges overlap."""
+    runs = [ranked(run, False) for run in runs]
+    phased = [ranked(sim, False) for sim in phased]
+    out = []
+    for k in range(len(runs[0])):
+        cells, overlap = [], []
+        for name, value, fmt in METRICS:
+            sim, real = [value(p[k]) for p in phased], [value(r[k]) for r in runs]
+            inside = sum(min(real) <= x <= max(real) for x in sim)
+            cells.append(f"{span(sim, fmt)} / {span(real, fmt)} ({inside})")
+            if min(sim) <= max(real) and min(real) <= max(sim):
+                overlap.append(name)
+        verdict = ", ".join(overlap) or "—"
+        out.append(f"| {policy} | {router} | #{k + 1} | " + " | ".join(cells) + f" | {verdict} |")
+    return out
+
+
+def header(
+    ns: argparse.Namespace, overhead_ms: float, measured: float, loads: tuple[float, ...]
+) -> list[str]:
+    """The lines above the tables: when, where, how (the machine's load before and after included)."""
+    return [
+        "# benchmarks/fleet_fidelity.py: simulate --replicas N --router POLICY against the real routers",
+        f"date: {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC; commit {source_commit()}",
+        "command: " + shlex.join(["python", "benchmarks/fleet_fidelity.py", *sys.argv[1:]]),
+        f"machine: {cpu_model()}, {os.cpu_count()} cores, shared with other jobs; "
+        f"Python {platform.python_version()}",
+        f"workers: {ns.workers} × kvadmit serve --simulate ({ns.decode_ms:g} ms decode steps, "
+        f"--max-running-requests {ns.max_running}); routers poll loads every 1 s",
+        f"simulated with --request-latency-ms {overhead_ms:.0f}: the median TTFT of 7 requests sent one at a "
+        "time through the router to the idle workers (HTTP, router, server loop on this machine)",
+        f"and with two decode step times: the cost model's {ns.decode_ms:g} ms ('sim'), and "
+        f"{measured:.1f} ms, the mean time between two consecutive decode steps of the real workers "
+        f"({len(STEPS):,} of them, from their --trace-steps: the step and the server's work between steps; "
+        "'sim, measured')",
+        f"requests: {ns.requests} at {ns.rate:g}/s (Poisson), 4 shared system prompts, "
+        f"{ns.max_tokens} tokens each; {ns.repeats} real runs per configuration",
+        f"load average (1 min) before / after: {loads[0]:.1f} / {loads[1]:.1f} "
+        "(the cores are shared with other jobs, whose load moves the real steps, queues and TTFTs)",
+    ]
 
 
 def main() -> None:
@@ -171,33 +244,35 @@ def main() -> None:
             w.stop()
     load_after = os.getloadavg()[0]
     measured = statistics.mean(STEPS)
+    policies = ns.policies.split(",")
     sims = {}
-    for policy in ns.policies.split(","):
+    for policy in policies:
         for step in (ns.decode_ms, measured):
             sims[policy, step] = simulated(stream, args, step, policy, ns.workers, 1, overhead_ms / 1000)
+    phased = [simulated(stream, args, measured, "power_of_two", ns.workers, 1, overhead_ms / 1000, k / PHASES)
+              for k in range(PHASES)] if "power_of_two" in policies else []  # fmt: skip
     lines = [
-        "# benchmarks/fleet_fidelity.py: simulate --replicas N --router POLICY against the real routers",
-        f"date: {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC",
-        f"machine: {cpu_model()}, {os.cpu_count()} cores, shared with other jobs; "
-        f"Python {platform.python_version()}",
-        f"workers: {ns.workers} × kvadmit serve --simulate ({ns.decode_ms:g} ms decode steps, "
-        f"--max-running-requests {ns.max_running}); routers poll loads every 1 s",
-        f"simulated with --request-latency-ms {overhead_ms:.0f}: the median TTFT of 7 requests sent one at a "
-        "time through the router to the idle workers (HTTP, router, server loop on this machine)",
-        f"and with two decode step times: the cost model's {ns.decode_ms:g} ms ('sim'), and "
-        f"{measured:.1f} ms, the mean time between two consecutive decode steps of the real workers "
-        f"({len(STEPS):,} of them, from their --trace-steps: the step and the server's work between steps; "
-        "'sim, measured')",
-        f"requests: {ns.requests} at {ns.rate:g}/s (Poisson), 4 shared system prompts, "
-        f"{ns.max_tokens} tokens each; {ns.repeats} real runs per configuration",
-        f"load average (1 min) before / after: {load_before:.1f} / {load_after:.1f}",
+        *header(ns, overhead_ms, measured, (load_before, load_after)),
         "",
         "| policy | router | worker | requests: sim / real | peak queue: sim / sim, measured / real | "
-        "TTFT p50 ms: sim / sim, measured / real | sim, measured within the real range |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "retracted: sim / sim, measured / real | TTFT p50 ms: sim / sim, measured / real | "
+        "sim, measured within the real range |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for policy, router, runs in rows:
         lines += table_rows(policy, router, runs, sims[policy, ns.decode_ms], sims[policy, measured])
+    if phased:
+        lines += [
+            "",
+            f"power_of_two, 'sim, measured' with the first load poll at 0, 0.1, …, {(PHASES - 1) / PHASES:g} "
+            f"s: the {PHASES} phases' range / the real range (how many phases fall inside it):",
+            "",
+            "| policy | router | worker | requests | peak queue | retracted | TTFT p50 ms | ranges overlap |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        ]
+        for policy, router, runs in rows:
+            if policy == "power_of_two":
+                lines += phase_rows(policy, router, runs, phased)
     publish(lines, ns.output)
 
 

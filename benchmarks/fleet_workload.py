@@ -2,7 +2,7 @@
 (`kvadmit simulate --replicas N --router POLICY` as a library call) and a real client against a real
 router in front of `kvadmit serve --simulate` workers. Both report, per worker: which requests it served,
 its peak queue (the largest #queue-req of its log lines, --decode-log-interval 1), and the TTFT median of
-its requests."""
+its requests, and the requests it retracted (the #retracted_reqs of its 'Retract requests' lines)."""
 
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ SYSTEM_PROMPTS = [
     f"You are assistant number {k}, answer in the voice of character {k}. " * 3 for k in range(4)
 ]
 QUEUE = re.compile(r"#queue-req: (\d+)")
+RETRACTED = re.compile(r"#retracted_reqs: (\d+)")
 MARK = re.compile(r"question (\d+):")
 
 
@@ -56,12 +57,14 @@ class WorkerResult:
     served: list[int]  # request indices
     peak_queue: int
     ttft_p50_ms: float
+    retracted: int  # requests retracted, summed over the worker's retraction log lines
 
 
 def simulated(stream: Stream, args: ServerArgs, decode_ms: float, policy: str, workers: int,
-              poll_s: int, latency_s: float) -> list[WorkerResult]:  # fmt: skip
+              poll_s: int, latency_s: float, first_poll_s: float = 0.0) -> list[WorkerResult]:  # fmt: skip
     """The stream through `simulate --replicas N --router POLICY`: byte tokens (the workers' tokenizer),
-    two warm-up requests (the real run's router check and its warm-up), --request-latency-ms latency_s."""
+    two warm-up requests (the real run's router check and its warm-up), --request-latency-ms latency_s,
+    the router's first load poll at first_poll_s."""
     reqs = tuple(
         SimRequest(i, len(p.encode()), stream.max_tokens, stream.max_tokens, None, True, 0, tuple(p.encode()))
         for i, p in enumerate(stream.prompts)
@@ -73,16 +76,27 @@ def simulated(stream: Stream, args: ServerArgs, decode_ms: float, policy: str, w
         replay=Replay(reqs, tuple(stream.arrivals), tuple(f"req-{i}" for i in range(len(reqs)))),
     )  # fmt: skip
     lines: list[str] = []
-    spec = FleetSpec(workers, RouterSettings(policy, poll_interval_secs=poll_s))
+    spec = FleetSpec(workers, RouterSettings(policy, poll_interval_secs=poll_s, first_poll_s=first_poll_s))
     result = simulate_fleet(cfg, spec, emit_log=lines.append)
     out = []
     for k in range(workers):
         tag = f" DP{k}]" if workers > 1 else "]"
-        queues = [int(m.group(1)) for line in lines if tag in line[:26] for m in [QUEUE.search(line)] if m]
+        mine = [line for line in lines if tag in line[:26]]
         served = [i for i, r in enumerate(result.routed) if r == k]
         ttfts = [1000 * result.sim.outcomes[i].ttft for i in served]
-        out.append(WorkerResult(served, max(queues, default=0), statistics.median(ttfts) if ttfts else 0.0))
+        median = statistics.median(ttfts) if ttfts else 0.0
+        out.append(WorkerResult(served, peak_queue(mine), median, retracted(mine)))
     return out
+
+
+def peak_queue(lines: list[str]) -> int:
+    """The largest #queue-req of a worker's log lines (0 without any)."""
+    return max((int(m.group(1)) for line in lines for m in [QUEUE.search(line)] if m), default=0)
+
+
+def retracted(lines: list[str]) -> int:
+    """The requests a worker retracted: the sum of #retracted_reqs over its log lines."""
+    return sum(int(m.group(1)) for line in lines for m in [RETRACTED.search(line)] if m)
 
 
 async def _send(client: httpx.AsyncClient, url: str, prompt: str, max_tokens: int, at: float) -> float:

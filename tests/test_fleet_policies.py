@@ -189,3 +189,17 @@ def test_the_routers_periodic_jobs_run_on_their_intervals() -> None:
     off = FleetRouter(RouterSettings("cache_aware", eviction_interval_secs=0), 2)
     assert off.next_periodic() == float("inf")
     assert FleetRouter(RouterSettings("round_robin"), 2).next_periodic() == float("inf")
+
+
+def test_the_first_load_poll_can_fall_anywhere_in_the_interval() -> None:
+    p2 = FleetRouter(RouterSettings("power_of_two", poll_interval_secs=2, first_poll_s=0.5), 2)
+    polls = []
+    while p2.next_periodic() <= 5:
+        polls.append(p2.next_periodic())
+        p2.run_periodic(lambda: [4, 3])
+    assert polls == [0.5, 2.5, 4.5] and p2.view.polled == [4, 3]
+    assert p2.route(None) == 1  # the lower polled load, whichever worker is drawn first
+    # a policy that polls nothing keeps no poll, whatever the phase
+    assert FleetRouter(RouterSettings("round_robin", first_poll_s=0.5), 2).next_periodic() == float("inf")
+    with pytest.raises(ValueError, match=r"first load poll must be at or after time 0, got -0\.1 s"):
+        RouterSettings("power_of_two", first_poll_s=-0.1).check()

@@ -4,7 +4,9 @@ periodic jobs on the virtual clock, both from the router's start (time 0 of the 
 * the load poll (power_of_two): at 0, I, 2I, … (tokio's interval ticks at once), I = sglang-router 0.3.2's
   --worker-startup-check-interval (30 s; its load monitor is built with that interval). A poll inside a
   replica's step reads it as it stands once that step's results are processed (the driver runs a step
-  whole), as SGLang answers /get_load between iterations of its loop.
+  whole), as SGLang answers /get_load between iterations of its loop. `first_poll_s` (no flag; 0 by
+  default) moves the series to P, P + I, …: a real router starts before the first request, at an
+  arbitrary point of its interval, so a comparison with real runs tries P across [0, I).
 * the tree's eviction (cache_aware): at E, 2E, … (the eviction thread sleeps first),
   E = --eviction-interval-secs (60; 0 turns it off), down to --max-tree-size characters per worker.
 """
@@ -28,6 +30,7 @@ class RouterSettings:
     eviction_interval_secs: int = 60
     max_tree_size: int = 2**26
     poll_interval_secs: int = 30  # --worker-startup-check-interval
+    first_poll_s: float = 0.0  # when the first load poll falls (the router's phase; no flag)
     seed: int = 0  # random and power_of_two draws
 
     def check(self) -> None:
@@ -42,6 +45,8 @@ class RouterSettings:
             raise ValueError(f"--eviction-interval-secs must be ≥ 0, got {self.eviction_interval_secs}")
         if self.max_tree_size < 0:
             raise ValueError(f"--max-tree-size must be ≥ 0, got {self.max_tree_size}")
+        if not self.first_poll_s >= 0.0:
+            raise ValueError(f"the first load poll must be at or after time 0, got {self.first_poll_s:g} s")
         if self.poll_interval_secs <= 0:
             raise ValueError(
                 f"--worker-startup-check-interval must be ≥ 1 (the load poll's period), got "
@@ -57,7 +62,7 @@ class FleetRouter:
             settings.balance_abs_threshold, settings.balance_rel_threshold,
         )  # fmt: skip
         self.view = RouterView([0] * workers)
-        self.next_poll = 0.0 if self.policy.polls_load else INF
+        self.next_poll = settings.first_poll_s if self.policy.polls_load else INF
         evicting = isinstance(self.policy, CacheAware) and settings.eviction_interval_secs > 0
         self.next_evict = float(settings.eviction_interval_secs) if evicting else INF
 
