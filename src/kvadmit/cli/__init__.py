@@ -10,6 +10,7 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
+from kvadmit import __version__, native
 from kvadmit.cli import (
     bench,
     calibrate,
@@ -40,6 +41,12 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="kvadmit", description="Why LLM serving requests wait: SGLang's admission, exactly."
+    )
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"kvadmit {__version__}: {native.status()}",
+        help="the version, and whether the compiled core (make fast) is active",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
