@@ -32,10 +32,11 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 BUILD_DIR = PACKAGE_DIR / "_native"
 STAMP = BUILD_DIR / "stamp.json"
 
-# The hot path of `kvadmit simulate` (cProfile of a 10,000-request run, docs/sim-speed-profile.md): the
-# scheduler, its memory, the request, the engine loop, the simulated executor and client. All fully
-# annotated; the two exception classes live in their own modules (errors.py), since a compiled class
-# cannot derive from RuntimeError. sim/leap.py stays Python (tests wrap Leaper.leap; it is under 1%).
+# The hot path of `kvadmit simulate` (cProfile of a 10,000-request run and of a 16-replica fleet,
+# docs/sim-speed-profile.md): the scheduler, its memory, the request, the engine loop, the simulated
+# executor and client, leaps, and the fleet's driver, replicas and router. All fully annotated; the two
+# exception classes live in their own modules (errors.py), since a compiled class cannot derive from
+# RuntimeError.
 COMPILED: tuple[str, ...] = (
     "kvadmit.memory.pool",
     "kvadmit.memory.radix",
@@ -63,6 +64,10 @@ COMPILED: tuple[str, ...] = (
     "kvadmit.executor.base",
     "kvadmit.sim.client",
     "kvadmit.sim.token_times",
+    "kvadmit.sim.leap",
+    "kvadmit.fleet.replica",
+    "kvadmit.fleet.driver",
+    "kvadmit.fleet.router",
 )
 
 
