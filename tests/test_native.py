@@ -159,3 +159,11 @@ def test_compiled_and_pure_simulate_are_byte_identical(flags: list[str], tmp_pat
     for name, data in pure.items():
         assert data == compiled[name], name
     assert pure["log"].count(b"\n") > 50 and pure["steps"].count(b"\n") > 500
+
+
+def test_version_names_the_core_in_one_line() -> None:
+    env = {**os.environ, native.PURE_ENV: "1", "COLUMNS": "40"}
+    done = subprocess.run(
+        [sys.executable, "-m", "kvadmit", "--version"], capture_output=True, text=True, env=env, check=True
+    )
+    assert done.stdout == "kvadmit 0.1.0: pure Python (KVADMIT_PURE_PYTHON=1)\n"

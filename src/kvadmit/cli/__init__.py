@@ -38,14 +38,22 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(EXIT_USAGE)
 
 
+class _Version(argparse.Action):
+    """--version: one unwrapped line (argparse's own action wraps it to the terminal's width)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: object) -> NoReturn:
+        print(f"kvadmit {__version__}: {native.status()}")
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="kvadmit", description="Why LLM serving requests wait: SGLang's admission, exactly."
     )
     parser.add_argument(
         "--version",
-        action="version",
-        version=f"kvadmit {__version__}: {native.status()}",
+        action=_Version,
+        nargs=0,
         help="the version, and whether the compiled core (make fast) is active",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
