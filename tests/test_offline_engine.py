@@ -69,7 +69,7 @@ def test_a_small_pool_retracts_for_real_and_changes_no_output(tiny_folder: Path)
     )
     events: list[object] = []
     # every event the engine drains from the scheduler (an observer, not a patched method: the compiled
-    # core's Scheduler cannot be patched)
+    # core's Scheduler refuses an instance attribute)
     small.engine.observers.append(lambda event, now: events.append(event))
     out = small.generate(PROMPTS * 3, {**GREEDY, "max_new_tokens": 40, "ignore_eos": False})
     from kvadmit.scheduler.events import Retraction

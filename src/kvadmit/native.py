@@ -7,7 +7,8 @@ module's source. When kvadmit is imported, a finder placed ahead of the normal o
 the build, unless:
 
 * KVADMIT_PURE_PYTHON is set to anything but "" or "0" (the mutation checks and any code that monkeypatches
-  a compiled module's functions or classes need the Python source: a compiled class cannot be patched);
+  a compiled module's functions or classes need the Python source: compiled code calls the compiled
+  methods directly, so a patch on a compiled class is refused or, worse, accepted and never called);
 * there is no build, or it was made for another Python;
 * a compiled module's source changed since the build (a stale build is never loaded: `make fast` again).
 
