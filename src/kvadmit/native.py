@@ -17,11 +17,7 @@ the build, unless:
 
 from __future__ import annotations
 
-import hashlib
-import importlib.abc
 import importlib.machinery
-import importlib.util
-import json
 import os
 import sys
 from collections.abc import Sequence
@@ -79,6 +75,8 @@ def source_path(module: str) -> Path:
 
 def source_hashes(modules: Sequence[str] = COMPILED) -> dict[str, str]:
     """sha256 of each module's source: a build is used only while these match its stamp."""
+    import hashlib  # here, like json and importlib.util: a process with no build never pays for them
+
     return {m: hashlib.sha256(source_path(m).read_bytes()).hexdigest() for m in modules}
 
 
@@ -87,8 +85,9 @@ def python_tag() -> str:
     return importlib.machinery.EXTENSION_SUFFIXES[0]
 
 
-class _CompiledFinder(importlib.abc.MetaPathFinder):
-    """Finds the compiled modules (and their shared library) in the build folder, nothing else."""
+class _CompiledFinder:
+    """A meta path finder (a find_spec is all one needs; importlib.abc would add 20 ms to every kvadmit
+    import): the compiled modules and their shared library, in the build folder, nothing else."""
 
     def __init__(self, files: dict[str, Path]) -> None:
         self.files = files
@@ -99,6 +98,8 @@ class _CompiledFinder(importlib.abc.MetaPathFinder):
         file = self.files.get(fullname)
         if file is None:
             return None
+        import importlib.util
+
         loader = importlib.machinery.ExtensionFileLoader(fullname, str(file))
         return importlib.util.spec_from_file_location(fullname, file, loader=loader)
 
@@ -122,6 +123,8 @@ def _choose() -> tuple[dict[str, Path], str]:
         return {}, f"pure Python ({PURE_ENV}={os.environ[PURE_ENV]})"
     if not STAMP.is_file():
         return {}, "pure Python (no compiled core: make fast builds it)"
+    import json
+
     try:
         stamp = json.loads(STAMP.read_text(encoding="utf-8"))
     except (OSError, ValueError):
