@@ -17,22 +17,30 @@ The machine is shared, so next to the wall time the table gives the CPU time of 
 spent on its one core) and the load average around it: a wall time well above the CPU time means the
 core was busy with other work.
 
+The core rows (--core-compare N) run the random workload twice more, each in a process of its own: once
+as pure Python (KVADMIT_PURE_PYTHON=1) and once on the compiled core (`make fast`, kvadmit/native.py),
+with the same results required; the other rows run on whichever core this process has (the header says).
+
     python benchmarks/scheduler_overhead.py is the scheduler's per-step cost; this is the whole loop.
     usage: python benchmarks/sim_speed.py [--requests N ...] [--fleet-requests N] [--fleet-replicas R]
-                                          [--output FILE | -]
+                                          [--core-compare N] [--output FILE | -]
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
+import json
 import os
 import platform
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # one core
 
+from kvadmit import native
 from kvadmit.bench.workload import WorkloadSpec
 from kvadmit.config import ServerArgs
 from kvadmit.costmodel.costmodel import CostModel
@@ -42,6 +50,7 @@ from kvadmit.scheduler.events import Event
 from kvadmit.sim.run import SimConfig, simulate
 from machine import cpu_model, publish
 
+CORE = "compiled" if native.status().startswith("compiled") else "pure Python"  # this process's core
 TARGET_S = 20.0
 TARGET_RATIO = 5.0
 FLEET_TARGET_S = 120.0
@@ -113,9 +122,23 @@ def timed(label: str, cfg: SimConfig, replicas: int = 1, progress: str | None = 
     }
 
 
+def core_pair(n: int) -> tuple[dict, dict]:  # type: ignore[type-arg]
+    """The random workload, leaps on, timed in two fresh processes: pure Python, then the compiled core."""
+    rows = []
+    for pure in (True, False):
+        env = {k: v for k, v in os.environ.items() if k != native.PURE_ENV}
+        if pure:
+            env[native.PURE_ENV] = "1"
+        done = subprocess.run([sys.executable, __file__, "--one-row", str(n)], env=env, check=True,
+                              capture_output=True, text=True)  # fmt: skip
+        rows.append(json.loads(done.stdout))
+    return rows[0], rows[1]
+
+
 def row(r: dict) -> str:  # type: ignore[type-arg]
     return (
-        f"| {r['label']} | {r['leaps']} | {r['requests']:,} | {r['tokens']:,} | {r['steps']:,} | "
+        f"| {r['label']} | {r['leaps']} | {r.get('core', CORE)} | {r['requests']:,} | {r['tokens']:,} | "
+        f"{r['steps']:,} | "
         f"{100 * r['leapt'] / max(r['steps'], 1):.1f}% | {r['retractions']:,} | {r['wall_s']:.1f} | "
         f"{r['cpu_s']:.1f} | {r['sim_s']:,.0f} | {r['sim_s'] / r['wall_s']:,.0f}× |"
     )
@@ -134,8 +157,16 @@ def main() -> None:
     ap.add_argument("--fleet-replicas", type=int, default=16)
     ap.add_argument("--fleet-compare", type=int, default=100_000, help="fleet requests run both ways")
     ap.add_argument("--progress", metavar="FILE", help="the fleet run's progress, each simulated minute")
+    ap.add_argument(
+        "--core-compare", type=int, default=100_000, help="requests run pure and compiled; 0: none"
+    )
+    ap.add_argument("--one-row", type=int, help=argparse.SUPPRESS)  # a core_pair child: one row as JSON
     ap.add_argument("--output", default=os.path.join(os.path.dirname(__file__), "sim_speed.txt"))
     ns = ap.parse_args()
+    if ns.one_row:
+        r = timed("random lengths, concurrency 512", config(ns.one_row, True))
+        print(json.dumps({**r, "core": CORE}))
+        return
     load_before = os.getloadavg()[0]
     pairs = []
     for n in ns.requests:
@@ -151,6 +182,7 @@ def main() -> None:
         label = f"{k} replicas, round_robin"
         pairs.append((timed(label, config(ns.fleet_compare, True), k),
                       timed(label, config(ns.fleet_compare, False), k)))  # fmt: skip
+    cores = core_pair(ns.core_compare) if ns.core_compare else None
     if ns.fleet_requests:
         fleet.append(timed(f"{k} replicas, round_robin", config(ns.fleet_requests, True), k, ns.progress))
     load_after = os.getloadavg()[0]
@@ -162,20 +194,31 @@ def main() -> None:
         "workload: input 1–2048, output 1–1024, early stops, concurrency 512 (over the whole fleet), "
         "pool 500,000 tokens (per replica), 20 ms decode steps, 10,000 prefill tokens/s",
         f"load average (1 min) before / after: {load_before:.1f} / {load_after:.1f}",
+        f"this process: {native.status()}",
         "",
-        "| workload | leaps | requests | output tokens | steps | quiet (leapt) | retractions | wall s | "
-        "CPU s | simulated s | simulated s per wall s |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| workload | leaps | core | requests | output tokens | steps | quiet (leapt) | retractions | "
+        "wall s | CPU s | simulated s | simulated s per wall s |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for on, off in pairs:
         lines += [row(on), row(off)]
     lines += [row(r) for r in fleet]
+    if cores:
+        lines += [row(cores[0]), row(cores[1])]
     lines.append("")
     for on, off in pairs:
         lines.append(
             f"{on['label']}, {on['requests']:,} requests: leaps {off['cpu_s'] / on['cpu_s']:.2f}× faster "  # type: ignore[operator]
             f"in CPU time than --no-leaps ({on['cpu_s']:.1f} s against {off['cpu_s']:.1f} s); results "
             f"{'identical' if same(on, off) else 'DIFFERENT'}"
+        )
+    if cores:
+        pure, compiled = cores
+        speedup = pure["cpu_s"] / compiled["cpu_s"]
+        lines.append(
+            f"{pure['requests']:,} requests, leaps on: the compiled core {speedup:.2f}× "
+            f"faster in CPU time than pure Python ({compiled['cpu_s']:.1f} s against {pure['cpu_s']:.1f} s; "
+            f"{compiled['core']}); results {'identical' if same(pure, compiled) else 'DIFFERENT'}"
         )
     if ns.requests:
         lines += targets(pairs[len(ns.requests) - 1])

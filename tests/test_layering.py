@@ -19,7 +19,9 @@ ALLOWED: dict[str, str | None] = {
     "cli": None,  # the command line may import anything
     "__main__": "cli",
     "launch_server": "cli",  # python -m kvadmit.launch_server: `kvadmit serve` under SGLang's module name
-    "kvadmit": "offline",
+    "kvadmit": "native offline",
+    "native": "",  # the compiled core's loader: stdlib only, imported first
+    "native_build": "native",  # make fast
     "offline": "config engine executor model observe request sampling_params scheduler stop_strings",
     "stop_strings": "model",  # the incremental detokenizer it watches
     "server": "kvadmit config costmodel engine errors executor memory model observe request sampling_params "

@@ -15,6 +15,9 @@ import sys
 from collections.abc import Callable
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# The mutations patch kvadmit's Python functions and classes: never the compiled core (make fast), where a
+# patched class method is refused or silently bypassed, and a module's functions call each other directly.
+os.environ["KVADMIT_PURE_PYTHON"] = "1"
 
 import compare
 import kvadmit_side

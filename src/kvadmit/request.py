@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
+from array import array  # at run time too: the compiled core's dataclasses evaluate their annotations
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING
 
 from kvadmit.memory.pool import new_slots
+from kvadmit.memory.radix import RadixNode
 from kvadmit.sampling_params import SamplingParams
-
-if TYPE_CHECKING:
-    from array import array
-
-    from kvadmit.memory.radix import RadixNode
-
 
 DEFAULT_PARAMS = SamplingParams()
 

@@ -16,6 +16,8 @@ from __future__ import annotations
 from array import array
 from collections.abc import Iterable, Sequence
 
+from kvadmit.memory.errors import OutOfSlots
+
 SLOT_TYPECODE = "I"
 MAX_SLOTS = 1 << (8 * array(SLOT_TYPECODE).itemsize)  # slot ids must fit the array's items
 
@@ -34,10 +36,6 @@ def pages_for(tokens: int, page_size: int) -> int:
 def ceil_page(tokens: int, page_size: int) -> int:
     """`tokens` rounded up to whole pages (what `tokens` slots take from a paged pool)."""
     return -(-tokens // page_size) * page_size
-
-
-class OutOfSlots(RuntimeError):
-    """An allocation asked for more slots than are free (a scheduler bug: admission must prevent it)."""
 
 
 class TokenPool:

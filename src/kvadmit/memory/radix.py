@@ -365,7 +365,7 @@ class NoPrefixCache(RadixCache):
     def match_prefix(self, key: list[int], end: int | None = None) -> MatchResult:
         return MatchResult(new_slots(), self.root)
 
-    def insert(self, key: list[int], value: list[int]) -> int:
+    def insert(self, key: list[int], value: Sequence[int]) -> int:
         raise RuntimeError("the prefix cache is disabled")
 
     def cache_unfinished_req(self, req: CachedRequest, up_to: int | None = None) -> None:

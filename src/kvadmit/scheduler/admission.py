@@ -364,9 +364,12 @@ class AdmissionPass:
             return
         # SGLang's insertion: the first entry with tokens_left ≥ ours, else one place before the end
         # (not at the end) — slightly more conservative, reproduced as is (docs/sglang-rules.md §10).
-        at = 0
-        for at in range(len(states)):
-            if tokens_left <= states[at][0]:
+        # (Written without reading a for-range variable after its loop: compiled by mypyc, that variable
+        # ends one past the last index, and "before the end" became "at the end".)
+        at = max(len(states) - 1, 0)
+        for i, (left, _) in enumerate(states):
+            if tokens_left <= left:
+                at = i
                 break
         states.insert(at, (tokens_left, tokens_occupied))
 

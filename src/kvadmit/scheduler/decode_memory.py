@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from array import array
 from collections import deque
-from collections.abc import Callable
 from typing import Final
 
 from kvadmit.config import SchedulerKnobs, VersionProfile
@@ -15,6 +14,7 @@ from kvadmit.memory.pool import ReqSlotPool, TokenPool
 from kvadmit.memory.radix import RadixCache
 from kvadmit.request import FinishKind, FinishReason, Req
 from kvadmit.scheduler.batch import RunningBatch
+from kvadmit.scheduler.errors import EngineCrash
 from kvadmit.scheduler.events import Event, LastRequestAborted, RequestAborted, Retraction
 from kvadmit.scheduler.policy import AdmissionPolicy
 from kvadmit.scheduler.ratio import NewTokenRatio, ratio_after_retract
@@ -27,7 +27,8 @@ from kvadmit.scheduler.retraction import (
     evict_for,
     retract_decode,
 )
-from kvadmit.scheduler.types import EngineCrash, ScheduledBatch
+from kvadmit.scheduler.traits import trait
+from kvadmit.scheduler.types import ScheduledBatch
 
 
 class _DecodeSkipped:
@@ -41,6 +42,7 @@ class _DecodeSkipped:
 DECODE_SKIPPED: Final = _DecodeSkipped()
 
 
+@trait
 class DecodeMemory:
     """check_decode_or_retract and what it needs."""
 
@@ -56,11 +58,15 @@ class DecodeMemory:
     forward_ct: int
     events: list[Event]
     last_retract_result: RetractResult | None
-    _enqueue: Callable[..., bool]  # RequestIntake's: a retracted request waits again
     in_flight: ScheduledBatch | None
     _left_in_pass: list[Req]
-    _alloc_kv: Callable[[Req, int], None]
     _dropped_finishing: list[Req]
+
+    def _enqueue(self, req: Req, front: bool = False) -> bool:  # RequestIntake's, earlier in the MRO
+        raise NotImplementedError
+
+    def _alloc_kv(self, req: Req, n: int) -> None:  # Scheduler's, earlier in the MRO
+        raise NotImplementedError
 
     def check_decode_or_retract(
         self, finishing_in_flight: bool = False

@@ -14,9 +14,11 @@ from kvadmit.scheduler.priority import (
     PriorityScheduling,
 )
 from kvadmit.scheduler.results import CLIENT_ABORT_MESSAGE
+from kvadmit.scheduler.traits import trait
 from kvadmit.scheduler.types import QUEUE_FULL_MESSAGE, ScheduledBatch
 
 
+@trait
 class RequestIntake:
     """add_request, abort_request and the waiting queue's bookkeeping."""
 

@@ -13,26 +13,37 @@ No ratio decay: a mixed step is not an update of the running batch.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from kvadmit.memory.pool import TokenPool
 from kvadmit.memory.radix import RadixCache
 from kvadmit.request import Req
 from kvadmit.scheduler.batch import RunningBatch
 from kvadmit.scheduler.retraction import check_decode_mem
+from kvadmit.scheduler.traits import trait
 from kvadmit.scheduler.types import ScheduledBatch
 
 
+@trait
 class MixedChunk:
     running: RunningBatch
     cache: RadixCache
     pool: TokenPool
     page_size: int
     mixed_chunk: bool
-    _drop_finished: Callable[[], bool]
-    drop_finishing_in_flight: Callable[[], list[Req]]
-    alloc_decode_slots: Callable[[], None]
-    _new_running_batch: Callable[..., RunningBatch]
+
+    # Methods of the Scheduler and its other mixins that this one calls. The stubs never run: each name is
+    # found earlier in the Scheduler's MRO. (Declared as methods, not Callable attributes, so the compiled
+    # core's trait calls the real method; kvadmit/native.py.)
+    def _drop_finished(self) -> bool:  # Scheduler's, earlier in the MRO
+        raise NotImplementedError
+
+    def drop_finishing_in_flight(self) -> list[Req]:  # DecodeMemory's, earlier in the MRO
+        raise NotImplementedError
+
+    def alloc_decode_slots(self) -> None:  # DecodeMemory's, earlier in the MRO
+        raise NotImplementedError
+
+    def _new_running_batch(self, reqs: list[Req] | None = None) -> RunningBatch:  # Scheduler's
+        raise NotImplementedError
 
     def mix_running(self, batch: ScheduledBatch) -> ScheduledBatch:
         """`batch` (a new prefill batch) with the running requests' decode rows, if they fit."""

@@ -8,8 +8,6 @@ leave the running batch, and re-enter the waiting queue after the pass, through 
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from kvadmit.config import SchedulerKnobs
 from kvadmit.memory.pool import TokenPool
 from kvadmit.memory.radix import RadixCache
@@ -19,8 +17,10 @@ from kvadmit.scheduler.batch import RunningBatch
 from kvadmit.scheduler.events import Event, Preemption
 from kvadmit.scheduler.priority import PriorityScheduling, tokens_to_free
 from kvadmit.scheduler.retraction import evict_for
+from kvadmit.scheduler.traits import trait
 
 
+@trait
 class PriorityPreemption:
     running: RunningBatch
     cache: RadixCache
@@ -30,8 +30,12 @@ class PriorityPreemption:
     events: list[Event]
     _finished_positions: list[int]
     _left_in_pass: list[Req]
-    _release: Callable[[Req], None]  # DecodeMemory's: free a request's own KV and its request slot
-    _enqueue: Callable[..., bool]  # RequestIntake's
+
+    def _release(self, req: Req) -> None:  # DecodeMemory's, earlier in the MRO
+        raise NotImplementedError
+
+    def _enqueue(self, req: Req, front: bool = False) -> bool:  # RequestIntake's, earlier in the MRO
+        raise NotImplementedError
 
     def preempt_for(self, candidate: Req, adder: AdmissionPass, preempted: list[Req]) -> bool:
         """SGLang's PrefillAdder.preempt_to_schedule: True if running requests were preempted so that

@@ -120,7 +120,7 @@ class PriorityScheduling:
     def sort_lof(self, waiting: list[Req]) -> None:
         """Most urgent first, then the longest max_new_tokens (a stable sort: ties keep queue order)."""
         sign = self.sign
-        waiting.sort(key=lambda r: (r.priority * sign, -r.max_new_tokens))
+        waiting.sort(key=lambda r: (r.priority * sign, -r.max_new_tokens))  # type: ignore[operator]
 
     def queue_full_victim(self, incoming: Req, waiting: list[Req]) -> int | None:
         """The queue is full and `incoming` wants in. The index of the queued request to abort in its place,
@@ -151,7 +151,7 @@ class PriorityScheduling:
         values = [r.priority for r in running if r.finished_reason is None]
         if not values:
             return False
-        least = max(values) if self.low_values_first else min(values)
+        least = max(values) if self.low_values_first else min(values)  # type: ignore[type-var]
         assert candidate.priority is not None and least is not None
         return (candidate.priority - least) * -self.sign > self.preemption_threshold
 

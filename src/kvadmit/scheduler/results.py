@@ -4,7 +4,7 @@ the prefix cache. A mixin of Scheduler, kept apart because the decode step's hot
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from operator import attrgetter
 
 from kvadmit.memory.pool import ReqSlotPool, TokenPool
@@ -14,6 +14,7 @@ from kvadmit.scheduler.admission import AdmissionPass
 from kvadmit.scheduler.batch import RunningBatch
 from kvadmit.scheduler.events import DecodeBatchStats, Event, PrefillBatchStats, RequestAborted
 from kvadmit.scheduler.ratio import NewTokenRatio
+from kvadmit.scheduler.traits import trait
 from kvadmit.scheduler.types import ScheduledBatch, StepOutcome
 
 _PROMPT = attrgetter("origin_input_ids")
@@ -22,6 +23,7 @@ _OUTPUTS = attrgetter("output_ids")
 CLIENT_ABORT_MESSAGE = "Aborted by the client."
 
 
+@trait
 class StepResults:
     """on_batch_done and what it needs; the state it reads belongs to Scheduler."""
 
@@ -152,6 +154,7 @@ class StepResults:
         assert running.reqs == reqs, "a decode batch is the running batch, in order"
         deque(map(list.append, running.outs, tokens), maxlen=0)
         running.after_decode_step()
+        maybe: Sequence[int]
         if self.stop_checker is not None:
             maybe = range(len(reqs))
         else:

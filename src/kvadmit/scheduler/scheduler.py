@@ -33,6 +33,7 @@ from kvadmit.request import Req
 from kvadmit.scheduler.admission import AddResult, AdmissionPass, prepare_candidate
 from kvadmit.scheduler.batch import RunningBatch
 from kvadmit.scheduler.decode_memory import DECODE_SKIPPED, DecodeMemory
+from kvadmit.scheduler.errors import EngineCrash
 from kvadmit.scheduler.events import Event
 from kvadmit.scheduler.intake import RequestIntake
 from kvadmit.scheduler.invariants import check_invariants
@@ -48,7 +49,6 @@ from kvadmit.scheduler.retraction import RetractResult, evict_for
 from kvadmit.scheduler.types import (
     UNSCHEDULABLE_MESSAGE,
     AdmissionRecord,
-    EngineCrash,
     ScheduledBatch,
     StepOutcome,
 )

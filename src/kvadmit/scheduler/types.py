@@ -3,25 +3,19 @@ messages it ends requests with."""
 
 from __future__ import annotations
 
+from array import array  # at run time too: the compiled core's dataclasses evaluate their annotations
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from kvadmit.request import Req
 from kvadmit.scheduler.admission import AddResult, AdmissionPass, Budget
 from kvadmit.scheduler.events import PrefillBatchStats
-
-if TYPE_CHECKING:
-    from array import array
 
 QUEUE_FULL_MESSAGE = "The request queue is full."
 UNSCHEDULABLE_MESSAGE = (
     "The request can never be scheduled: even with the KV pool empty it does not pass admission. "
     "Lower max_new_tokens or use a larger pool."
 )
-
-
-class EngineCrash(RuntimeError):
-    """What an SGLang release before 0.5.10 did when even the last request did not fit: the server died."""
 
 
 @dataclass(slots=True)
