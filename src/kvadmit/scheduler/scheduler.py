@@ -33,7 +33,7 @@ from kvadmit.request import Req
 from kvadmit.scheduler.admission import AddResult, AdmissionPass, prepare_candidate
 from kvadmit.scheduler.batch import RunningBatch
 from kvadmit.scheduler.decode_memory import DECODE_SKIPPED, DecodeMemory
-from kvadmit.scheduler.errors import EngineCrash
+from kvadmit.scheduler.errors import EngineCrash, out_of_memory_message
 from kvadmit.scheduler.events import Event
 from kvadmit.scheduler.intake import RequestIntake
 from kvadmit.scheduler.invariants import check_invariants
@@ -301,6 +301,7 @@ class Scheduler(RequestIntake, DecodeMemory, StepResults, PriorityPreemption, Mi
         self._stash_chunk = self.chunked_req is not None
         if self.page_size > 1:  # SGLang evicts for the batch's tokens plus a fresh page per request
             evict_for(self.cache, self.pool, sum([r.fill_len - len(r.kv) + self.page_size for r in admitted]))
+        self._check_prefill_fits(admitted)
         for req in admitted:
             if req is not chunked:
                 self.req_slots.alloc()
@@ -325,6 +326,21 @@ class Scheduler(RequestIntake, DecodeMemory, StepResults, PriorityPreemption, Mi
             ignore_eos_occupancy_check=self.policy.ignore_eos_occupancy_check,
             mixed_decode_tokens=len(self.running.reqs) if self.mixed_chunk else 0,
         )
+
+    def _check_prefill_fits(self, admitted: list[Req]) -> None:
+        """SGLang's crash when a prefill batch outgrows the pool. Admission keeps the forecast inside the
+        pool, except for a chunked prompt's next piece: with nothing left of the budget SGLang still takes a
+        whole chunk (`available_chunk_tokens`: "must make progress"), and with mixed chunks the running
+        requests' decode rows may have eaten the pool in the meantime. SGLang then evicts what it can and
+        raises; so does kvadmit, with SGLang's message (crosscheck: the allocation fails at the same step)."""
+        pool = self.pool
+        tokens = sum([r.fill_len - len(r.kv) for r in admitted])
+        pages = sum([pool.pages_needed(len(r.kv), r.fill_len - len(r.kv)) for r in admitted])
+        if pages * pool.page_size <= pool.available_size() + self.cache.evictable_size():
+            return
+        evict_for(self.cache, pool, pages * pool.page_size)
+        available, evictable = pool.available_size(), self.cache.evictable_size()
+        raise EngineCrash(out_of_memory_message(tokens, available, evictable, self.page_size))
 
     def _alloc_kv(self, req: Req, n: int) -> None:
         """Give `req` slots for `n` more tokens, evicting unlocked cache first if the pool is short."""
