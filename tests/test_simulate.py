@@ -358,3 +358,28 @@ def test_prompts_that_never_fit_fail_the_warm_up_or_are_counted_failed() -> None
     assert run_.returncode == 0, run_.stderr
     assert any(line.split()[:3] == ["Successful", "requests:", "0"] for line in run_.stdout.splitlines())
     assert "3 of 3 requests failed" in run_.stderr
+
+
+def test_a_crash_of_the_simulated_sglang_is_one_error_line_not_a_traceback(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Where SGLang's scheduler raises (an out-of-memory chunk: tests/test_scheduler_properties.py), its
+    # server dies; `simulate` says so in one line and exits 1 (the scheduler below it is stood in for).
+    import kvadmit.sim.run
+    from kvadmit.cli import main
+    from kvadmit.scheduler.errors import EngineCrash, out_of_memory_message
+
+    def crash(*_: object, **__: object) -> SimResult:
+        raise EngineCrash(out_of_memory_message(8, 0, 0, 1))
+
+    monkeypatch.setattr(kvadmit.sim.run, "simulate", crash)
+    code = main(
+        ["simulate", "--max-total-tokens", "4096", "--num-prompts", "2", "--enable-mixed-chunk", "--quiet"]
+    )
+    err = capsys.readouterr().err
+    assert code == 1
+    assert err.startswith(
+        "kvadmit simulate: the simulated SGLang 0.5.22 server died: RuntimeError: Out of memory. Try to "
+        "lower your batch size.\nTry to allocate 8 tokens.\n"
+    ), err
+    assert "Traceback" not in err

@@ -19,6 +19,8 @@ if TYPE_CHECKING:
     from kvadmit.fleet.driver import FleetSpec
     from kvadmit.sim.run import SimConfig, SimResult
 
+EXIT_ENGINE_CRASH = 1  # the simulated server died where SGLang's would (an exception in its scheduler)
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser(
@@ -115,6 +117,7 @@ def run(ns: argparse.Namespace) -> int:
     from kvadmit.bench.priority_classes import render_priority_classes
     from kvadmit.bench.summary import render_summary
     from kvadmit.observe.startup import loop_line
+    from kvadmit.scheduler.errors import EngineCrash
     from kvadmit.sim.run import WarmupFailed, simulate
 
     cfg = simulate_config(ns)
@@ -137,6 +140,10 @@ def run(ns: argparse.Namespace) -> int:
                 result, table = _simulate_fleet(cfg, fleet, emit, requests, steps)
         except WarmupFailed as e:
             raise UsageError(str(e)) from None
+        except EngineCrash as crash:  # where SGLang's scheduler raises, its server dies: the run ends here
+            version = cfg.args.sglang_version
+            print(f"kvadmit simulate: the simulated SGLang {version} server died: {crash}", file=sys.stderr)
+            return EXIT_ENGINE_CRASH
     failed = [o for o in result.outcomes if not o.success]
     if failed:
         print(
