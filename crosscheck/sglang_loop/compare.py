@@ -12,6 +12,7 @@ Each record is a list of events [kind, launched, ...] (launched: batches launche
   H  the queue's head cannot run even in an empty pool: SGLang waits forever (the harness then aborts it
      as a client would), kvadmit ends it at once
   I  a request handed to the scheduler; C  a client abort handed to it
+  X  the scheduler raised "Out of memory" (SGLang's server dies there): the message; the run ends
 Events are compared per kind, in order, with exact equality (floats bit for bit). A scenario's first
 differing event of each kind is reported.
 """
@@ -32,6 +33,7 @@ CATEGORIES = {
     "H": "hangs (SGLang waits)",
     "I": "arrivals",
     "C": "client aborts",
+    "X": "out-of-memory crashes",
 }
 
 

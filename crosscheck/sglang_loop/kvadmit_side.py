@@ -23,7 +23,7 @@ from kvadmit.observe.sglang_log import SGLangLogWriter
 from kvadmit.request import Req, SamplingLimits
 from kvadmit.scheduler.decode_memory import DECODE_SKIPPED
 from kvadmit.scheduler.events import Event, LastRequestAborted, RequestAborted, Retraction
-from kvadmit.scheduler.scheduler import Scheduler
+from kvadmit.scheduler.scheduler import EngineCrash, Scheduler
 from kvadmit.scheduler.types import UNSCHEDULABLE_MESSAGE, ScheduledBatch
 
 STALL_STEPS = 1_000_000
@@ -189,7 +189,12 @@ def run_scenario(sc: dict) -> dict:
             rec.events.append(["C", rec.launched, aborts[nab][1]])
             engine.abort(aborts[nab][1])
             nab += 1
-        if engine.step():
+        try:
+            stepped = engine.step()
+        except EngineCrash as e:  # where SGLang's scheduler raises "Out of memory" and its server dies
+            rec.events.append(["X", rec.launched, str(e).removeprefix("RuntimeError: ").strip()])
+            break
+        if stepped:
             steps += 1
             if steps > STALL_STEPS:
                 raise RuntimeError("runaway: too many steps")

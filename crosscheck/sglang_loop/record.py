@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import traceback
 from collections.abc import Callable
+from typing import TextIO
 
 EOS_TOKEN = 2  # the stub model's EOS id (the model config's only EOS id)
 OTHER_TOKEN = 7  # every other output token
@@ -29,7 +31,7 @@ def is_scheduling_line(line: str) -> bool:
     return line.startswith(("Prefill batch", "Decode batch", "KV cache pool is full", "retract_decode"))
 
 
-def run_each(path: str, run_scenario: Callable[[dict], dict]) -> None:
+def run_each(path: str, run_scenario: Callable[[dict], dict], out: TextIO | None = None) -> None:
     """Run every scenario of a JSON-lines file and print its record as a JSON line; a scenario that
     raises is reported as an error with its traceback, and the rest still run."""
     with open(path) as f:
@@ -38,11 +40,11 @@ def run_each(path: str, run_scenario: Callable[[dict], dict]) -> None:
                 continue
             sc = json.loads(line)
             try:
-                out = run_scenario(sc)
+                record = run_scenario(sc)
             except Exception as e:  # report, keep going
-                out = {
+                record = {
                     "id": sc["id"],
                     "error": f"{type(e).__name__}: {e}",
                     "trace": traceback.format_exc()[-2000:],
                 }
-            print(json.dumps(out), flush=True)
+            print(json.dumps(record), file=out or sys.stdout, flush=True)

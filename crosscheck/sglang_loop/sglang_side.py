@@ -593,6 +593,10 @@ def _run_scenario(sc: dict) -> dict:
     catcher.launched = lambda: d.launched
     try:
         d.run()
+    except RuntimeError as e:  # SGLang's allocators raise this and its scheduler process dies
+        if "out of memory" not in str(e).lower():
+            raise
+        d.events.append(["X", d.launched, str(e).strip()])
     finally:
         catcher.sink = None
         _current_driver.pop()
@@ -645,7 +649,12 @@ def main():
         return
     if len(sys.argv) != 2:
         sys.exit(__doc__)
-    record.run_each(sys.argv[1], run_scenario)
+    # The records go to stdout alone: whatever else writes to file descriptor 1 (SGLang prints its radix
+    # tree there before an out-of-memory error) goes to stderr.
+    records = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    record.run_each(sys.argv[1], run_scenario, out=records)
 
 
 if __name__ == "__main__":
