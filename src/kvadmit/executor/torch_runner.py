@@ -10,6 +10,7 @@ tokens' when asked (see token_logprob).
 
 from __future__ import annotations
 
+import logging
 import time
 
 import torch
@@ -21,6 +22,8 @@ from kvadmit.model.llama import CausalLM
 from kvadmit.model.sampling import Sampler, token_logprob
 from kvadmit.scheduler.types import ScheduledBatch
 
+log = logging.getLogger("kvadmit.executor")
+
 
 class TorchExecutor:
     def __init__(
@@ -28,18 +31,27 @@ class TorchExecutor:
         compile_max_bs: int | None = None,
     ) -> None:  # fmt: skip
         """compile_max_bs: decode batches of up to that many requests through torch.compile (compiled now,
-        model/compiled.py); None: all eager."""
+        model/compiled.py); None: all eager. If compiling fails, every batch runs eagerly (one log line)."""
         self.model = model
         self.kv_pool = model.new_kv_pool(pool_size, dtype)
         self.compiled: CompiledDecode | None = None
         if compile_max_bs is not None:
             self.compiled = CompiledDecode(model, compile_max_bs)
-            self.compiled.warm_up(self.kv_pool)
+            try:
+                self.compiled.warm_up(self.kv_pool)
+            except Exception as e:  # a model or torch build inductor cannot compile: serve eagerly
+                self._give_up_compiling("in warm-up", e)
         self.sampler = Sampler(seed)
         # the requests whose tokens' log probabilities are kept: rid → how many top tokens' too
         self.logprob_rids: dict[str, int] = {}
         self.logprobs: dict[str, list[float]] = {}  # rid → one per sampled token, in order
         self.top_logprobs: dict[str, list[list[tuple[float, int]]]] = {}  # rid → one list per sampled token
+
+    def _give_up_compiling(self, when: str, e: Exception) -> None:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        log.warning("--enable-torch-compile: compiling failed %s (%s: %s); decoding eagerly instead", when,
+                    type(e).__name__, first[:200])  # fmt: skip
+        self.compiled = None
 
     def forward_batch(self, batch: ScheduledBatch) -> ForwardBatch:
         """The model's input for one scheduled batch."""
@@ -66,9 +78,13 @@ class TorchExecutor:
     def run(self, batch: ScheduledBatch) -> StepResult:
         start = time.perf_counter()
         fb = self.forward_batch(batch)
+        logits = None
         if self.compiled is not None and self.compiled.applies(fb):
-            logits = self.compiled(fb, self.kv_pool)
-        else:
+            try:
+                logits = self.compiled(fb, self.kv_pool)
+            except Exception as e:  # a recompilation that fails: this batch (its K and V rewritten) and
+                self._give_up_compiling("on a batch", e)  # every later one run eagerly
+        if logits is None:
             logits = self.model.forward_batch(fb, self.kv_pool)
         logits = logits.float()  # exact; and argmax over bf16 is slow on CPU
         tokens = logits.argmax(dim=-1).tolist()  # the step's one device-to-host sync
