@@ -268,3 +268,25 @@ def test_a_compiled_batch_that_fails_runs_eagerly_and_so_does_every_later_one(
     assert len(calls) == 1 and executor.compiled is None  # tried once, then eager for good
     ours = [r.getMessage() for r in caplog.records if r.name.startswith("kvadmit")]
     assert len(ours) == 1 and "compiling failed on a batch" in ours[0]
+
+
+def test_prefills_split_into_small_passes_keep_the_greedy_text(tiny: tuple[object, Path]) -> None:
+    """Passes of 4 new tokens: the prompts (8, 11 and 5 tokens, one 64-token chunk) take 6 passes, each
+    request's later pieces attending to its earlier ones through the pool; the text equals transformers'."""
+    ref, folder = tiny
+    model = load_hf_folder(folder)
+    executor = TorchExecutor(model, 512)
+    executor.pass_tokens = 4
+    passes = []
+    forward = model.forward_batch
+
+    def counting(fb: ForwardBatch, kv_pool: list[torch.Tensor], all_positions: bool = False) -> torch.Tensor:
+        passes.append(int(fb.input_ids.shape[0]))
+        return forward(fb, kv_pool, all_positions)
+
+    model.forward_batch = counting  # type: ignore[method-assign]
+    lengths = [12, 6, 3]
+    outputs = scheduled_outputs(executor, lengths)
+    assert outputs == [greedy(ref, p, n) for p, n in zip(PROMPTS, lengths, strict=True)]
+    assert passes[:6] == [4, 4, 4, 4, 4, 4]  # 24 prompt tokens; then decode steps of 3, 2, 1 sequences
+    assert passes[6:] == [3] * 2 + [2] * 3 + [1] * 6
