@@ -50,9 +50,3 @@ def read_safetensors(
                 raise ValueError(f"tensor {name} is cut short")
             out[name] = convert(name, raw.view(dtype).reshape(info["shape"]))
     return out
-
-
-def meta_tensors(header: dict[str, dict]) -> dict[str, torch.Tensor]:
-    """The header's tensors as shapes without data (to check names and shapes before reading)."""
-    return {name: torch.empty(info["shape"], dtype=DTYPES[info["dtype"]], device="meta")
-            for name, info in header.items()}  # fmt: skip
