@@ -69,14 +69,17 @@ class CompiledDecode:
             assert fb.gather is not None
             zeros = torch.zeros((1, b, 1, fb.gather.shape[1]), device=fb.gather.device)
             fb = ForwardBatch(fb.input_ids, fb.positions, fb.out_slots, fb.last, fb.gather, zeros, ())
-        self._mark_dynamic(fb)
+        self._mark_dynamic(fb, kv_pool)
         with torch.inference_mode():
             return self._graph(fb, kv_pool)
 
-    def _mark_dynamic(self, fb: ForwardBatch) -> None:
+    def _mark_dynamic(self, fb: ForwardBatch, kv_pool: list[torch.Tensor]) -> None:
         """Batch size and context length symbolic (each was compiled with a sample of 2: sizes 0 and 1 are
-        specialised, so a batch of one sequence has its own graph)."""
+        specialised, so a batch of one sequence has its own graph); and the pool's size, so that a server
+        whose pool is sized from the memory free at start-up finds the graphs in inductor's cache."""
         assert fb.gather is not None
+        for pool in kv_pool:
+            torch._dynamo.mark_dynamic(pool, 1)
         torch._dynamo.mark_dynamic(fb.gather, 1)
         if fb.num_seqs > 1:
             for t in (fb.input_ids, fb.positions, fb.out_slots, fb.last, fb.gather):
