@@ -7,7 +7,8 @@ its AMX path crashes on this CPU). Measured for each side, through its own HTTP 
 1. single stream: one request, a short prompt and 128 greedy output tokens: output tokens / wall time;
 2. 16 concurrent requests of 512 prompt + 128 output tokens (distinct prompts, so no prefix is shared):
    aggregate output tokens / wall time from the first request sent to the last answer;
-3. the server process's peak resident memory (VmHWM) after both.
+3. the server process's peak resident memory (VmHWM) after both, and its CPU time (user + system) per
+   output token in 1. and 2., steadier than wall time on a shared machine.
 Plus the greedy next-token agreement of each kvadmit setting with float32 over tests/data/agreement_text.txt,
 and transformers' single stream in this process (no server) when it is installed.
 
