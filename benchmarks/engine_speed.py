@@ -7,7 +7,8 @@ its AMX path crashes on this CPU). Measured for each side, through its own HTTP 
 1. single stream: one request, a short prompt and 128 greedy output tokens: output tokens / wall time;
 2. 16 concurrent requests of 512 prompt + 128 output tokens (distinct prompts, so no prefix is shared):
    aggregate output tokens / wall time from the first request sent to the last answer;
-3. the server process's peak resident memory (VmHWM) after both.
+3. the server process's peak resident memory (VmHWM) after both, and its CPU time (user + system) per
+   output token in 1. and 2., steadier than wall time on a shared machine.
 Plus the greedy next-token agreement of each kvadmit setting with float32 over tests/data/agreement_text.txt,
 and transformers' single stream in this process (no server) when it is installed.
 
@@ -126,20 +127,32 @@ def peak_mb(pid: int) -> float:
         return next(int(line.split()[1]) / 1024 for line in f if line.startswith("VmHWM:"))
 
 
+def cpu_seconds(pid: int) -> float:
+    """The process's CPU time so far, user + system (its threads included; not its children's)."""
+    with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def measure(side: str, ns: argparse.Namespace, gguf: Path, prompts: list[str], eos: int) -> dict[str, float]:
+    """Tokens per second and the server's CPU milliseconds per output token (steadier than wall time on a
+    shared machine), single stream and 16 concurrent; its peak memory after both."""
     proc, url = start(side, ns, gguf)
     try:
         completion(side, url, "Hello", eos)  # warm-up
-        t = time.perf_counter()
+        t, cpu = time.perf_counter(), cpu_seconds(proc.pid)
         n = completion(side, url, "Write a short story about a lighthouse keeper.", eos)
-        single = n / (time.perf_counter() - t)
+        single, single_cpu = n / (time.perf_counter() - t), 1000 * (cpu_seconds(proc.pid) - cpu) / n
+        out = {"single": single, "single_cpu_ms": single_cpu, "batched": 0.0, "batched_cpu_ms": 0.0,
+               "memory": peak_mb(proc.pid), "outputs": 0}  # fmt: skip
         if ns.single_only:
-            return {"single": single, "batched": 0.0, "memory": peak_mb(proc.pid), "outputs": 0}
-        t = time.perf_counter()
+            return out
+        t, cpu = time.perf_counter(), cpu_seconds(proc.pid)
         with ThreadPoolExecutor(CONCURRENCY) as pool:
             outs = list(pool.map(lambda p: completion(side, url, p, eos), prompts))
-        batched = sum(outs) / (time.perf_counter() - t)
-        return {"single": single, "batched": batched, "memory": peak_mb(proc.pid), "outputs": sum(outs)}
+        out["batched"] = sum(outs) / (time.perf_counter() - t)
+        out["batched_cpu_ms"] = 1000 * (cpu_seconds(proc.pid) - cpu) / sum(outs)
+        return {**out, "memory": peak_mb(proc.pid), "outputs": sum(outs)}
     finally:
         proc.terminate()
         proc.wait(timeout=60)
@@ -199,7 +212,10 @@ def transformers_single(folder: Path, threads: int) -> float | None:
 def report(ns: argparse.Namespace, results: dict[str, list[dict[str, float]]], agree: dict[str, float],
            hf: float | None, loads: tuple[float, float]) -> list[str]:  # fmt: skip
     best = {side: {"single": max(r["single"] for r in rs), "batched": max(r["batched"] for r in rs),
-                   "memory": max(r["memory"] for r in rs)} for side, rs in results.items()}  # fmt: skip
+                   "memory": max(r["memory"] for r in rs),
+                   "single_cpu_ms": min(r.get("single_cpu_ms", 0.0) for r in rs),
+                   "batched_cpu_ms": min(r.get("batched_cpu_ms", 0.0) for r in rs)}
+            for side, rs in results.items()}  # fmt: skip
     lines = [
         "# benchmarks/engine_speed.py: SmolLM2-135M-Instruct, kvadmit serve vs llama.cpp's server",
         f"date: {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC",
@@ -209,15 +225,17 @@ def report(ns: argparse.Namespace, results: dict[str, list[dict[str, float]]], a
         "command: " + " ".join(["python", "benchmarks/engine_speed.py", *sys.argv[1:]]),
         "",
         f"| side | single stream tok/s | {CONCURRENCY} × ({PROMPT_TOKENS} + {OUTPUT_TOKENS}) output tok/s | "
-        "peak memory MB | greedy agreement with float32 |",
-        "| --- | ---: | ---: | ---: | ---: |",
+        "server CPU ms per output token, single / concurrent | peak memory MB | "
+        "greedy agreement with float32 |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
     ]
     for side, b in best.items():
         ag = f"{100 * agree[side]:.1f}%" if side in agree else "(its own Q4_1 arithmetic)"
-        cells = f"{b['single']:.1f} | {b['batched']:.1f} | {b['memory']:,.0f} | {ag}"
+        cpu = f"{b['single_cpu_ms']:.1f} / {b['batched_cpu_ms']:.1f}"
+        cells = f"{b['single']:.1f} | {b['batched']:.1f} | {cpu} | {b['memory']:,.0f} | {ag}"
         lines.append(f"| {side_label(side)} | {cells} |")
     if hf is not None:
-        lines.append(f"| transformers float32 generate (in process, no server) | {hf:.1f} | | | |")
+        lines.append(f"| transformers float32 generate (in process, no server) | {hf:.1f} | | | | |")
     return lines + notes(results, best, agree)
 
 
@@ -225,6 +243,8 @@ def notes(results: dict[str, list[dict[str, float]]], best: dict[str, dict[str, 
           agree: dict[str, float]) -> list[str]:  # fmt: skip
     lines = [
         "",
+        "server CPU time: user + system of the server process (all its threads) over each measurement, per "
+        "output token; the concurrent one includes the 16 prompts' prefill",
         f"agreement: over the {agree.get('tokens', 0):.0f} tokens of tests/data/agreement_text.txt, "
         "teacher-forced: the share of positions whose most likely next token equals float32's",
         "llama.cpp's server here is llama-cpp-python's (python -m llama_cpp.server): it has no parallel "

@@ -11,7 +11,7 @@ import torch
 from helpers import make_req
 from kvadmit.config import SchedulerKnobs, ServerArgs
 from kvadmit.executor.torch_runner import TorchExecutor
-from kvadmit.model.forward_batch import ForwardBatch
+from kvadmit.model.forward_batch import ForwardBatch, Sequence
 from kvadmit.model.loading import load_hf_folder
 from kvadmit.request import Req
 from kvadmit.sampling_params import SamplingParams
@@ -181,3 +181,112 @@ def test_compiled_decode_gives_the_same_greedy_outputs(tiny: tuple[object, Path]
     for q, p, n in zip(reqs, PROMPTS, lengths, strict=True):
         assert q.output_ids == greedy(ref, p, n), q.rid
     assert set(sizes) == {1, 2}  # (the start-up warm-up compiled both; three at once ran eagerly)
+
+
+def scheduled_outputs(executor: TorchExecutor, lengths: list[int]) -> list[list[int]]:
+    """Greedy outputs of PROMPTS (each `lengths[i]` tokens) scheduled through `executor`."""
+    sched = Scheduler(ServerArgs(max_total_tokens=512, chunked_prefill_size=64), context_len=512)
+    reqs = [
+        greedy_req(f"r{i}", p, n, ignore_eos=True)
+        for i, (p, n) in enumerate(zip(PROMPTS, lengths, strict=True))
+    ]
+    for q in reqs:
+        sched.add_request(q)
+    run(sched, executor)
+    return [q.output_ids for q in reqs]
+
+
+def test_a_bf16_model_compiles_and_decodes_as_it_does_eagerly(tiny: tuple[object, Path]) -> None:
+    """bf16 linear layers are oneDNN-packed (cpu_pack.py); compiling them failed in warm-up (inductor could
+    not lower the packed product). The compiled executor keeps its graphs, and a decode step of one and of
+    two sequences gives the eager step's logits up to bf16 rounding (a tiny random model's greedy text is
+    too close to ties to compare: fused bf16 arithmetic rounds differently)."""
+    _, folder = tiny
+    model = load_hf_folder(folder, torch.bfloat16)
+    executor = TorchExecutor(model, 512, compile_max_bs=2)
+    assert executor.compiled is not None  # no fallback
+    prompts = PROMPTS[:2]
+    starts = [1, 1 + len(prompts[0]) + 1]  # each prompt's slots, then one more for its next token
+    prefill = [Sequence(torch.arange(s, s + len(p)), len(p)) for s, p in zip(starts, prompts, strict=True)]
+    ids = torch.tensor([t for p in prompts for t in p])
+    positions = torch.cat([torch.arange(len(p)) for p in prompts])
+    model.forward(ids, positions, prefill, executor.kv_pool)
+    for b in (1, 2):
+        seqs = [
+            Sequence(torch.arange(s, s + len(p) + 1), 1) for s, p in zip(starts[:b], prompts[:b], strict=True)
+        ]
+        fb = ForwardBatch.build(torch.tensor([7, 11][:b]), torch.tensor([len(p) for p in prompts[:b]]), seqs)
+        assert executor.compiled.applies(fb)
+        eager = model.forward_batch(fb, executor.kv_pool).float()
+        compiled = executor.compiled(fb, executor.kv_pool).float()
+        assert compiled.shape == eager.shape == (b, 97)
+        scale = float(eager.abs().max())
+        assert (compiled - eager).abs().max() <= 0.03 * scale  # a wrong graph is off by O(scale)
+    assert executor.compiled is not None
+
+
+def test_compiling_that_fails_in_warm_up_falls_back_to_eager_with_one_log_line(
+    tiny: tuple[object, Path], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from kvadmit.model.compiled import CompiledDecode
+
+    def fail(self: CompiledDecode, kv_pool: list[torch.Tensor]) -> None:
+        raise RuntimeError("LoweringException: AssertionError:\n  target: some.op")
+
+    ref, folder = tiny
+    monkeypatch.setattr(CompiledDecode, "warm_up", fail)
+    with caplog.at_level("WARNING", logger="kvadmit"):
+        executor = TorchExecutor(load_hf_folder(folder), 512, compile_max_bs=2)
+    assert executor.compiled is None
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("kvadmit")] == [
+        "--enable-torch-compile: compiling failed in warm-up (RuntimeError: LoweringException: "
+        "AssertionError:); decoding eagerly instead"
+    ]
+    lengths = [12, 6, 3]
+    assert scheduled_outputs(executor, lengths) == [
+        greedy(ref, p, n) for p, n in zip(PROMPTS, lengths, strict=True)
+    ]
+
+
+def test_a_compiled_batch_that_fails_runs_eagerly_and_so_does_every_later_one(
+    tiny: tuple[object, Path], caplog: pytest.LogCaptureFixture
+) -> None:
+    ref, folder = tiny
+    executor = TorchExecutor(load_hf_folder(folder), 512, compile_max_bs=2)
+    assert executor.compiled is not None
+    calls = []
+
+    def fail(fb: ForwardBatch, kv_pool: list[torch.Tensor]) -> torch.Tensor:
+        calls.append(fb.num_seqs)
+        raise RuntimeError("recompilation failed")
+
+    executor.compiled._graph = fail
+    lengths = [12, 6, 3]
+    with caplog.at_level("WARNING", logger="kvadmit"):
+        outputs = scheduled_outputs(executor, lengths)
+    assert outputs == [greedy(ref, p, n) for p, n in zip(PROMPTS, lengths, strict=True)]
+    assert len(calls) == 1 and executor.compiled is None  # tried once, then eager for good
+    ours = [r.getMessage() for r in caplog.records if r.name.startswith("kvadmit")]
+    assert len(ours) == 1 and "compiling failed on a batch" in ours[0]
+
+
+def test_prefills_split_into_small_passes_keep_the_greedy_text(tiny: tuple[object, Path]) -> None:
+    """Passes of 4 new tokens: the prompts (8, 11 and 5 tokens, one 64-token chunk) take 6 passes, each
+    request's later pieces attending to its earlier ones through the pool; the text equals transformers'."""
+    ref, folder = tiny
+    model = load_hf_folder(folder)
+    executor = TorchExecutor(model, 512)
+    executor.pass_tokens = 4
+    passes = []
+    forward = model.forward_batch
+
+    def counting(fb: ForwardBatch, kv_pool: list[torch.Tensor], all_positions: bool = False) -> torch.Tensor:
+        passes.append(int(fb.input_ids.shape[0]))
+        return forward(fb, kv_pool, all_positions)
+
+    model.forward_batch = counting  # type: ignore[method-assign]
+    lengths = [12, 6, 3]
+    outputs = scheduled_outputs(executor, lengths)
+    assert outputs == [greedy(ref, p, n) for p, n in zip(PROMPTS, lengths, strict=True)]
+    assert passes[:6] == [4, 4, 4, 4, 4, 4]  # 24 prompt tokens; then decode steps of 3, 2, 1 sequences
+    assert passes[6:] == [3] * 2 + [2] * 3 + [1] * 6

@@ -1,7 +1,8 @@
 """Measured presets: cost models that `kvadmit profile` measured on a named machine, shipped in the package
 (costmodel/data/) and named like a roofline preset, HARDWARE:MODEL:
 
-    cpu-int4:smollm2-135m   the default model with int4 weights on the CPU executor `make serve` runs
+    cpu-int4:smollm2-135m   the default model with int4 weights on the CPU executor, decoding eagerly
+                            (`make serve` also compiles decode: not measured as a preset)
 
 Each file has a `.log` next to it: the command, the machine, the date, its load and the profile's own
 measurements as it printed them. A measured preset takes no options: it is what was measured, nothing
@@ -35,7 +36,7 @@ MEASURED: tuple[MeasuredPreset, ...] = (
         "cpu-int4",
         "smollm2-135m",
         "cpu-int4_smollm2-135m.json",
-        "kvadmit profile --quantization int4 of SmolLM2-135M-Instruct, as make serve runs it, on 2 shared "
+        "kvadmit profile --quantization int4 of SmolLM2-135M-Instruct (eager decode), on 2 shared "
         "Intel Xeon cores (AVX512-BF16, AMX), 2026-12-02",
     ),
 )

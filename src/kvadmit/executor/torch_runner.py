@@ -10,16 +10,32 @@ tokens' when asked (see token_logprob).
 
 from __future__ import annotations
 
+import logging
 import time
+from dataclasses import dataclass
 
 import torch
 
 from kvadmit.executor.base import StepResult
+from kvadmit.executor.prefill_passes import PASS_TOKENS, Piece, split_passes
 from kvadmit.model.compiled import CompiledDecode
 from kvadmit.model.forward_batch import ForwardBatch, Sequence
 from kvadmit.model.llama import CausalLM
 from kvadmit.model.sampling import Sampler, token_logprob
 from kvadmit.scheduler.types import ScheduledBatch
+
+log = logging.getLogger("kvadmit.executor")
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One request's part of a batch: the ids of its new tokens at positions [begin, end), and its pool
+    slots kv[:end] in position order."""
+
+    ids: list[int]
+    begin: int
+    end: int
+    slots: list[int]
 
 
 class TorchExecutor:
@@ -28,49 +44,83 @@ class TorchExecutor:
         compile_max_bs: int | None = None,
     ) -> None:  # fmt: skip
         """compile_max_bs: decode batches of up to that many requests through torch.compile (compiled now,
-        model/compiled.py); None: all eager."""
+        model/compiled.py); None: all eager. If compiling fails, every batch runs eagerly (one log line)."""
         self.model = model
         self.kv_pool = model.new_kv_pool(pool_size, dtype)
+        self.pass_tokens = PASS_TOKENS  # a prefill batch's new tokens per forward pass, at most
         self.compiled: CompiledDecode | None = None
         if compile_max_bs is not None:
             self.compiled = CompiledDecode(model, compile_max_bs)
-            self.compiled.warm_up(self.kv_pool)
+            try:
+                self.compiled.warm_up(self.kv_pool)
+            except Exception as e:  # a model or torch build inductor cannot compile: serve eagerly
+                self._give_up_compiling("in warm-up", e)
         self.sampler = Sampler(seed)
         # the requests whose tokens' log probabilities are kept: rid → how many top tokens' too
         self.logprob_rids: dict[str, int] = {}
         self.logprobs: dict[str, list[float]] = {}  # rid → one per sampled token, in order
         self.top_logprobs: dict[str, list[list[tuple[float, int]]]] = {}  # rid → one list per sampled token
 
-    def forward_batch(self, batch: ScheduledBatch) -> ForwardBatch:
-        """The model's input for one scheduled batch."""
-        ids: list[int] = []
-        positions: list[int] = []
-        seqs: list[Sequence] = []
+    def _give_up_compiling(self, when: str, e: Exception) -> None:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        log.warning("--enable-torch-compile: compiling failed %s (%s: %s); decoding eagerly instead", when,
+                    type(e).__name__, first[:200])  # fmt: skip
+        self.compiled = None
+
+    def rows(self, batch: ScheduledBatch) -> list[Row]:
+        """Each request's part of a scheduled batch: its new tokens, their positions and its slots."""
+        rows: list[Row] = []
         decoding = set(map(id, batch.decoding or ()))  # mixed chunk: decode rows in a prefill batch
         for i, req in enumerate(batch.reqs):
             kv = req.kv
             if batch.kind == "prefill" and id(req) not in decoding:
                 begin, end = req.prefix_len, req.fill_len
-                ids += req.fill_ids()[begin:end]
+                ids = req.fill_ids()[begin:end]
             else:
                 if batch.kvs is not None:
                     kv = batch.kvs[i]  # (a request that ended under the overlap loop gave req.kv away)
                 end = len(kv)  # the last output token's slot was just allocated
                 begin = end - 1
-                ids.append(req.output_ids[-1])
-            positions += range(begin, end)
-            seqs.append(Sequence(torch.tensor(kv[:end]), end - begin))
+                ids = [req.output_ids[-1]]
+            rows.append(Row(ids, begin, end, kv[:end]))
+        return rows
+
+    def forward_batch(self, rows: list[Row], pieces: list[Piece] | None = None) -> ForwardBatch:
+        """The model's input for the rows of a batch (or for `pieces` of them: prefill_passes.py)."""
+        if pieces is None:
+            pieces = [Piece(i, row.begin, row.end, True) for i, row in enumerate(rows)]
+        ids: list[int] = []
+        positions: list[int] = []
+        seqs: list[Sequence] = []
+        for p in pieces:
+            row = rows[p.row]
+            ids += row.ids[p.begin - row.begin : p.end - row.begin]
+            positions += range(p.begin, p.end)
+            seqs.append(Sequence(torch.tensor(row.slots[: p.end]), p.end - p.begin))
         return ForwardBatch.build(torch.tensor(ids), torch.tensor(positions), seqs, self.model.device)
+
+    def logits(self, batch: ScheduledBatch) -> torch.Tensor:
+        """[B, vocab] each request's next-token logits: a prefill of more than pass_tokens new tokens in
+        several passes, a decode batch that fits through the compiled graphs, else one eager pass."""
+        rows = self.rows(batch)
+        if batch.kind == "prefill" and sum(r.end - r.begin for r in rows) > self.pass_tokens:
+            out = []
+            for pieces in split_passes([(r.begin, r.end) for r in rows], self.pass_tokens):
+                logits = self.model.forward_batch(self.forward_batch(rows, pieces), self.kv_pool)
+                out.append(logits[[i for i, p in enumerate(pieces) if p.last]])
+            return torch.cat(out)
+        fb = self.forward_batch(rows)
+        if self.compiled is not None and self.compiled.applies(fb):
+            try:
+                return self.compiled(fb, self.kv_pool)
+            except Exception as e:  # a recompilation that fails: this batch (its K and V rewritten) and
+                self._give_up_compiling("on a batch", e)  # every later one run eagerly
+        return self.model.forward_batch(fb, self.kv_pool)
 
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> StepResult:
         start = time.perf_counter()
-        fb = self.forward_batch(batch)
-        if self.compiled is not None and self.compiled.applies(fb):
-            logits = self.compiled(fb, self.kv_pool)
-        else:
-            logits = self.model.forward_batch(fb, self.kv_pool)
-        logits = logits.float()  # exact; and argmax over bf16 is slow on CPU
+        logits = self.logits(batch).float()  # exact; and argmax over bf16 is slow on CPU
         tokens = logits.argmax(dim=-1).tolist()  # the step's one device-to-host sync
         for i, req in enumerate(batch.reqs):
             if not req.params.greedy:  # drawn on the CPU, where the per-request generators live

@@ -27,7 +27,23 @@ class PackedLinear(nn.Module):
         self.out_features, self.in_features = shape
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.compiler.is_compiling():  # (the custom op's Python layer would cost eager calls ~10 us)
+            return packed_linear(x, self.packed_weight, self.bias, self.out_features)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
+
+
+@torch.library.custom_op("kvadmit::packed_linear", mutates_args=())
+def packed_linear(
+    x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_features: int
+) -> torch.Tensor:
+    """The packed product, one opaque call for torch.compile (inductor cannot lower `_linear_pointwise` on a
+    weight it did not pack itself: --enable-torch-compile on a bf16 model failed in warm-up)."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+@packed_linear.register_fake
+def _(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_features: int) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], out_features))
 
 
 def try_pack(linear: nn.Linear) -> PackedLinear | None:

@@ -91,9 +91,15 @@ class RMSNorm(nn.Module):
 
 
 def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
-    """Inverse frequencies of the rotary embedding, with Llama 3's frequency-dependent scaling if set."""
+    """Inverse frequencies of the rotary embedding, with Llama 3's frequency-dependent scaling if set, on
+    the default device. (Computed on the CPU, then moved: float64 arithmetic on the meta device, where a
+    model to be loaded is built, runs Python decompositions that import torch._dynamo, ~70 MB.)"""
+    return _rope_inv_freq_cpu(cfg).to(torch.get_default_device())
+
+
+def _rope_inv_freq_cpu(cfg: ModelConfig) -> torch.Tensor:
     dim = cfg.head_dim
-    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64, device="cpu") / dim))
     s = cfg.rope_scaling
     if not s:
         return inv.float()
@@ -205,7 +211,12 @@ class DecoderLayer(nn.Module):
 class _Body(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        # (initialised by hand: nn.Embedding's own init of a meta tensor, when a model is built to be
+        # loaded, imports torch._dynamo: ~70 MB of a server that never compiles)
+        weight = torch.empty(cfg.vocab_size, cfg.hidden_size)
+        if weight.device.type != "meta":
+            nn.init.normal_(weight)
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, _weight=weight)
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 

@@ -69,29 +69,24 @@ def load_hf_folder(
         load_dtype = _load_dtype(name, t, dtype, quantization)
         return t if load_dtype == t.dtype and device == "cpu" else t.to(device=device, dtype=load_dtype)
 
-    state: dict[str, torch.Tensor] = {}
-    for f in files:
-        try:
-            state.update(read_safetensors(f, convert))
-        except Exception as e:
-            raise ModelLoadError(f"{f}: not a readable safetensors file ({e})") from None
     cfg = ModelConfig.from_hf(cfg_dict)
-    if cfg.tie_word_embeddings:
-        state.pop("lm_head.weight", None)
-    state = fuse_hf_state(state, consume=True)
+    where = _tensor_files(folder, files, cfg)
     with torch.device("meta"):  # no memory and no random init for weights about to be replaced
         model = CausalLM(cfg)
-    expected = set(model.state_dict())
-    if cfg.tie_word_embeddings:
-        expected.discard("lm_head.weight")
-    missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
-    if missing or unexpected:
-        raise ModelLoadError(
-            f"{folder}: weights do not match the architecture (missing {missing[:3]}, "
-            f"unexpected {unexpected[:3]})"
-        )
-    model.load_state_dict(state, strict=False, assign=True)
-    del state
+    # A decoder layer at a time: read, fused and quantized before the next is read, so that loading holds
+    # the checkpoint's copy of one layer, not of the whole model, beside the weights loaded so far.
+    for group in _groups(where, cfg.num_layers):
+        state: dict[str, torch.Tensor] = {}
+        for f in sorted({where[n] for n in group}):
+            try:
+                state.update(read_safetensors(f, convert, [n for n in group if where[n] == f]))
+            except Exception as e:
+                raise ModelLoadError(f"{f}: not a readable safetensors file ({e})") from None
+        model.load_state_dict(fuse_hf_state(state, consume=True), strict=False, assign=True)
+        del state
+        layer = _layer_of(group, model)
+        if quantization is not None and layer is not None:
+            quantize_linears(layer, quantization)
     model.tie_and_init_buffers()
     model.eval()
     if quantization is not None:
@@ -103,6 +98,61 @@ def load_hf_folder(
     elif pack and model.device.type == "cpu":
         pack_linears(model)
     return model
+
+
+def _tensor_files(folder: Path, files: list[Path], cfg: ModelConfig) -> dict[str, Path]:
+    """The checkpoint's tensor names → their file, checked (names only, before any data is read) against
+    the architecture's parameters once fused."""
+    from kvadmit.model.safetensors_read import read_header
+
+    where: dict[str, Path] = {}
+    shapes: dict[str, torch.Tensor] = {}
+    for f in files:
+        try:
+            header = read_header(f)[0]
+            # (empty stand-ins: fusing names only; meta tensors would import torch._dynamo to concatenate)
+            shapes.update(dict.fromkeys(header, torch.empty(0)))
+        except Exception as e:
+            raise ModelLoadError(f"{f}: not a readable safetensors file ({e})") from None
+        where.update(dict.fromkeys(header, f))
+    if cfg.tie_word_embeddings:
+        where.pop("lm_head.weight", None)
+        shapes.pop("lm_head.weight", None)
+    with torch.device("meta"):
+        expected = set(CausalLM(cfg).state_dict())
+    if cfg.tie_word_embeddings:
+        expected.discard("lm_head.weight")
+    names = set(fuse_hf_state(shapes, consume=True))
+    missing, unexpected = sorted(expected - names), sorted(names - expected)
+    if missing or unexpected:
+        raise ModelLoadError(
+            f"{folder}: weights do not match the architecture (missing {missing[:3]}, "
+            f"unexpected {unexpected[:3]})"
+        )
+    return where
+
+
+def _layer_index(name: str, num_layers: int) -> int | None:
+    parts = name.split(".")
+    if name.startswith("model.layers.") and parts[2].isdigit() and int(parts[2]) < num_layers:
+        return int(parts[2])
+    return None
+
+
+def _groups(names: dict[str, Path], num_layers: int) -> list[list[str]]:
+    """The tensor names layer by layer (model.layers.i.), then the others (embedding, norm, output)."""
+    layers: list[list[str]] = [[] for _ in range(num_layers)]
+    rest: list[str] = []
+    for name in names:
+        i = _layer_index(name, num_layers)
+        (rest if i is None else layers[i]).append(name)
+    return [g for g in (*layers, rest) if g]
+
+
+def _layer_of(group: list[str], model: CausalLM) -> torch.nn.Module | None:
+    """The decoder layer a group of names belongs to (None for the rest)."""
+    i = _layer_index(group[0], model.cfg.num_layers)
+    return None if i is None else model.model.layers[i]
 
 
 def _load_dtype(name: str, t: torch.Tensor, dtype: torch.dtype, quantization: str | None) -> torch.dtype:

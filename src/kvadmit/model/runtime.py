@@ -75,19 +75,18 @@ def load_model(
     mem_fraction_static: float | None = None,
     quantization: str | None = None,
 ) -> LoadedModel:
-    from transformers import AutoTokenizer
-
     from kvadmit.model.device import default_device, resolve_dtype
     from kvadmit.model.loading import check_quantization, load_hf_folder
     from kvadmit.model.quant import NO_QUANTIZATION
     from kvadmit.model.sizing import available_bytes, default_mem_fraction, kv_bytes_per_token, pool_tokens
+    from kvadmit.model.tokenizer import load_tokenizer
 
     device = device or default_device()
     check_quantization(quantization, device)
     torch_dtype = resolve_dtype(dtype, device, quantized=quantization not in NO_QUANTIZATION)
     folder = resolve_model_path(model_path)
     tok_path = tokenizer_path or str(folder)
-    tokenizer = AutoTokenizer.from_pretrained(tok_path)
+    tokenizer = load_tokenizer(tok_path)
     model = load_hf_folder(folder, torch_dtype, device, quantization=quantization)
     available = available_bytes(device)
     if max_total_tokens is None:

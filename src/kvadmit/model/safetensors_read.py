@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import torch
@@ -21,19 +21,27 @@ DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "F
           "BOOL": torch.bool}  # fmt: skip
 
 
-def read_safetensors(
-    path: str | Path, convert: Callable[[str, torch.Tensor], torch.Tensor] = lambda _, t: t
-) -> dict[str, torch.Tensor]:
-    """name → tensor; `convert(name, tensor)` is applied to each as it is read (the raw one is then
-    dropped). A malformed file raises ValueError."""
-    out: dict[str, torch.Tensor] = {}
+def read_header(path: str | Path) -> tuple[dict[str, dict], int]:
+    """The file's tensors (name → dtype, shape, data_offsets) and where their bytes begin."""
     with open(path, "rb") as f:
         (size,) = struct.unpack("<Q", f.read(8))
         header = json.loads(f.read(size))
-        base = 8 + size
-        for name, info in header.items():
-            if name == "__metadata__":
-                continue
+    header.pop("__metadata__", None)
+    return header, 8 + size
+
+
+def read_safetensors(
+    path: str | Path,
+    convert: Callable[[str, torch.Tensor], torch.Tensor] = lambda _, t: t,
+    names: Iterable[str] | None = None,
+) -> dict[str, torch.Tensor]:
+    """name → tensor (only `names`, if given); `convert(name, tensor)` is applied to each as it is read
+    (the raw one is then dropped). A malformed file raises ValueError."""
+    header, base = read_header(path)
+    out: dict[str, torch.Tensor] = {}
+    with open(path, "rb") as f:
+        for name in header if names is None else names:
+            info = header[name]
             begin, end = info["data_offsets"]
             dtype = DTYPES[info["dtype"]]
             raw = torch.empty(end - begin, dtype=torch.uint8)

@@ -92,9 +92,9 @@ def simulated_backend(
 
     cost = resolve_cost_model(cost_model)  # a JSON file or a preset such as h100:llama-3-8b
     if tokenizer_path:
-        from transformers import AutoTokenizer
+        from kvadmit.model.tokenizer import load_tokenizer
 
-        tokenizer: Any = AutoTokenizer.from_pretrained(tokenizer_path)
+        tokenizer: Any = load_tokenizer(tokenizer_path)
         text_token = tokenizer.encode(" token", add_special_tokens=False)[0]
     else:
         tokenizer = ByteTokenizer()
