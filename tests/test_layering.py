@@ -32,7 +32,7 @@ ALLOWED: dict[str, str | None] = {
     "fleet": "bench config engine executor observe request scheduler sim",
     "sim": "bench config costmodel engine executor observe request scheduler",
     "bench": "errors model",  # it talks HTTP: never the server or the simulator (model: the byte tokenizer)
-    "capacity": "config errors memory request scheduler",
+    "capacity": "config errors memory native request scheduler",
     "engine": "executor request scheduler",
     "executor": "costmodel model request scheduler",
     "costmodel": "config observe",  # below sim and executor

@@ -16,6 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kvadmit import native
 from kvadmit.capacity.scenario import Item, answer_item, run_scenario_file
 from kvadmit.capacity.snapshot import SnapshotError
 from kvadmit.cli import main
@@ -234,6 +235,18 @@ def test_a_pool_past_the_slot_ids_is_named() -> None:
         answer_item(Item("fuzz", _set(VALID, ("server", "max_total_tokens"), 2**34)))
 
 
+# The compiled core (make fast) takes token ids as lists only, so there a run past LIST_LIMIT is a named error
+PURE_ONLY = pytest.mark.skipif(native.active(), reason="the compiled core refuses it (test below)")
+
+
+@pytest.mark.skipif(not native.active(), reason="the Python source answers it (tests below)")
+def test_the_compiled_core_names_a_waiting_prompt_it_cannot_hold() -> None:
+    item = _set(VALID, ("waiting",), [{"rid": "huge", "prompt_len": 10**9, "max_new_tokens": 512}])
+    with pytest.raises(SnapshotError, match=r"'huge': 1,000,000,000 token ids; .* KVADMIT_PURE_PYTHON=1"):
+        answer_item(Item("huge", item))
+
+
+@PURE_ONLY
 def test_a_billion_token_waiting_prompt_is_answered_in_bounded_memory() -> None:
     # Found by the fuzz above (CI was killed for memory): a waiting request's token list was built whole.
     # It must be answered as any long prompt is, costing no memory in proportion to its length.
@@ -255,6 +268,7 @@ def test_a_billion_token_waiting_prompt_is_answered_in_bounded_memory() -> None:
     )
 
 
+@PURE_ONLY
 def test_a_retracted_billion_token_request_with_a_cached_prefix_matches_only_its_prefix() -> None:
     # prompt + outputs of 2 × 10**9 (a retracted request's outputs may exceed the pool too) and 1000
     # cached tokens: the prefix match reads only what is cached, and the rest is counted, not built.

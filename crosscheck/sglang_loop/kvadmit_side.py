@@ -13,6 +13,10 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# The recorder wraps the scheduler's check_decode_or_retract to see decode skips, which the compiled core
+# (make fast) refuses: this side runs the Python source (the compiled core is checked against it
+# byte for byte by tests/test_native.py and benchmarks/native_golden.sh).
+os.environ["KVADMIT_PURE_PYTHON"] = "1"
 
 import record
 

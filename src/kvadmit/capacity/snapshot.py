@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from kvadmit import native
 from kvadmit.capacity.token_run import TokenRun
 from kvadmit.config import ConfigError, SchedulerKnobs, ServerArgs
 from kvadmit.memory.pool import TokenPool
@@ -252,6 +253,24 @@ def _tokens(base: int, n: int) -> list[int]:
     return list(range(base, base + n))
 
 
+LIST_LIMIT = 1 << 20  # a waiting request's prompt or outputs up to this many ids are a plain list
+
+
+def _waiting_ids(start: int, n: int, rid: str) -> list[int]:
+    """The ids start … start + n − 1 of a waiting request. Nothing bounds them by the pool (a retracted
+    request's prompt + outputs may exceed it, and a snapshot may state any prompt), so past LIST_LIMIT they
+    are a TokenRun (two integers; the pool bounds whatever the scheduler reads of them). The compiled core
+    (kvadmit.native) takes lists only: there such a length is a named error rather than gigabytes."""
+    if n <= LIST_LIMIT:
+        return list(range(start, start + n))
+    if native.active():
+        raise SnapshotError(
+            f"waiting request {rid!r}: {n:,} token ids; the compiled core (make fast) builds at most "
+            f"{LIST_LIMIT:,} per request: run with {native.PURE_ENV}=1 to answer it"
+        )
+    return TokenRun(start, n)  # type: ignore[return-value]
+
+
 def build_scheduler(snap: Snapshot) -> Scheduler:
     """A Scheduler in exactly the snapshot's state. Each request gets token ids of its own, so no two
     share a prefix by accident; the evictable tokens not claimed by a waiting request's prefix sit in one
@@ -280,14 +299,11 @@ def build_scheduler(snap: Snapshot) -> Scheduler:
     reqs: list[Req] = []
     for i, spec in enumerate(snap.waiting):
         base = (i + 1) * stride
-        # A waiting request's ids are runs, not lists: nothing bounds its length by the pool (a retracted
-        # request's prompt + outputs may exceed it, and a snapshot may state any prompt), so a length
-        # must cost no memory. The pool bounds whatever the scheduler reads of it.
         req = Req(
             rid=spec.rid,
-            origin_input_ids=TokenRun(base, spec.prompt_len),  # type: ignore[arg-type]
+            origin_input_ids=_waiting_ids(base, spec.prompt_len, spec.rid),
             sampling=SamplingLimits(requested_max_new_tokens=spec.max_new_tokens, ignore_eos=spec.ignore_eos),
-            output_ids=TokenRun(base + spec.prompt_len, spec.output_len),  # type: ignore[arg-type]
+            output_ids=_waiting_ids(base + spec.prompt_len, spec.output_len, spec.rid),
             seq=i,
             priority=spec.priority,
         )
