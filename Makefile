@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup fast test test-fleet lint serve bench clean
+.PHONY: setup fast test test-fleet test-native lint serve bench clean
 
 $(STAMP): pyproject.toml constraints/cpu.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -34,6 +34,14 @@ $(FLEET_STAMP): $(STAMP)
 
 test-fleet: $(FLEET_STAMP)
 	$(BIN)/python -m pytest tests/fleet
+
+# The compiled core built (failing if it cannot be) and the tests that read it: compiled and pure simulate
+# byte for byte (tests/test_native.py), then the scheduler, capacity and simulate tests on the compiled core
+test-native: $(STAMP)
+	$(BIN)/pip install --quiet -e ".[fast]" -c constraints/cpu.txt
+	$(BIN)/python -m kvadmit.native_build --strict
+	$(BIN)/python -m pytest tests/test_native.py tests/test_scheduler_properties.py tests/test_scenario_errors.py \
+		tests/test_simulate.py tests/test_leaps.py tests/test_rules_detail.py tests/test_admission.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
