@@ -171,15 +171,8 @@ def test_compiled_decode_gives_the_same_greedy_outputs(tiny: tuple[object, Path]
 
     executor.compiled._graph = counting
     lengths = [12, 6, 3]  # finish one after the other: batches of 3, 2, then 1
-    reqs = [
-        greedy_req(f"r{i}", p, n, ignore_eos=True)
-        for i, (p, n) in enumerate(zip(PROMPTS, lengths, strict=True))
-    ]
-    for q in reqs:
-        sched.add_request(q)
-    run(sched, executor)
-    for q, p, n in zip(reqs, PROMPTS, lengths, strict=True):
-        assert q.output_ids == greedy(ref, p, n), q.rid
+    outputs = scheduled_outputs(executor, lengths)
+    assert outputs == [greedy(ref, p, n) for p, n in zip(PROMPTS, lengths, strict=True)]
     assert set(sizes) == {1, 2}  # (the start-up warm-up compiled both; three at once ran eagerly)
 
 

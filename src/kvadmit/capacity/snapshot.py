@@ -262,7 +262,7 @@ def _waiting_ids(start: int, n: int, rid: str) -> list[int]:
     are a TokenRun (two integers; the pool bounds whatever the scheduler reads of them). The compiled core
     (kvadmit.native) takes lists only: there such a length is a named error rather than gigabytes."""
     if n <= LIST_LIMIT:
-        return list(range(start, start + n))
+        return _tokens(start, n)
     if native.active():
         raise SnapshotError(
             f"waiting request {rid!r}: {n:,} token ids; the compiled core (make fast) builds at most "
