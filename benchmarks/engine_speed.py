@@ -159,7 +159,7 @@ def measure(side: str, ns: argparse.Namespace, gguf: Path, prompts: list[str], e
             outs = list(pool.map(lambda p: completion(side, url, p, eos), prompts))
         out["batched"] = sum(outs) / (time.perf_counter() - t)
         out["batched_cpu_ms"] = 1000 * (cpu_seconds(proc.pid) - cpu) / sum(outs)
-        return {**out, "memory": peak_mb(proc.pid), "outputs": sum(outs)}
+        return {**out, "memory": peak_mb(proc.pid), "outputs": sum(outs), "load": os.getloadavg()[0]}
     finally:
         proc.terminate()
         proc.wait(timeout=60)
@@ -188,13 +188,16 @@ def agreements(folder: Path, tokenizer: object, sides: list[str]) -> dict[str, f
     ids = tokenizer(TEXT.read_text())["input_ids"]  # type: ignore[operator]
     reference = greedy_tokens(load_hf_folder(folder, torch.float32), ids)
     out = {}
-    for side in (s for s in sides if s not in COMPILED):
+    # a compiled side runs its eager twin's arithmetic (int4-compiled: int4), measured even when that twin
+    # is not among the sides
+    eager = dict.fromkeys("int4" if s in COMPILED else s for s in sides)
+    for side in eager:
         dtype, quant = KVADMIT_SIDES[side]
         model = load_hf_folder(
             folder, resolve_dtype(dtype, "cpu", quantized=quant is not None), quantization=quant
         )
         out[side] = agreement(reference, greedy_tokens(model, ids))
-    for side in (s for s in sides if s in COMPILED and "int4" in out):
+    for side in (s for s in sides if s in COMPILED):
         out[side] = out["int4"]
     out["tokens"] = len(ids)
     return out
@@ -257,7 +260,8 @@ def notes(results: dict[str, list[dict[str, float]]], best: dict[str, dict[str, 
         *llama_notes(list(results)),
     ]
     for side, rs in results.items():
-        runs = "; ".join(f"{r['single']:.1f} single, {r['batched']:.1f} batched ({r['outputs']:.0f} tokens)"
+        runs = "; ".join(f"{r['single']:.1f} single, {r['batched']:.1f} batched ({r['outputs']:.0f} tokens"
+                         + (f", load average {r['load']:.1f} at its end)" if "load" in r else ")")
                          for r in rs)  # fmt: skip
         lines.append(f"rounds of {side}: {runs}")
     for ref_side in (s for s in LLAMA_SIDES if s in best):
