@@ -1,8 +1,10 @@
 """kvadmit's real engine against llama.cpp (and transformers) on SmolLM2-135M-Instruct, one run, one machine.
 
 Every side serves the same model: kvadmit from its conversion of the Q4_1 GGUF file (float32, bf16, and
---quantization int8 / int4), llama.cpp from that very GGUF file (llama-cpp-python, built with AMX off:
-its AMX path crashes on this CPU). Measured for each side, through its own HTTP server:
+--quantization int8 / int4), llama.cpp from that very GGUF file, built with AMX off (its AMX path crashes on
+this CPU), through two servers: llama-cpp-python's (one request at a time) and llama.cpp's own llama-server
+with 16 parallel slots and continuous batching (benchmarks/llama_cpp_sides.py; benchmarks/
+build_llama_server.sh builds the binary). Measured for each side, through its own HTTP server:
 
 1. single stream: one request, a short prompt and 128 greedy output tokens: output tokens / wall time;
 2. 16 concurrent requests of 512 prompt + 128 output tokens (distinct prompts, so no prefix is shared):
@@ -15,8 +17,12 @@ and transformers' single stream in this process (no server) when it is installed
 The machine is shared: every server gets the same thread count (--threads), sides run one after the other
 `--rounds` times and each side's best round counts; the load average is printed with the results.
 
-    usage: python benchmarks/engine_speed.py --llama-python /tmp/lcpp-venv/bin/python [--threads 1]
-           [--rounds 1] [--sides float32,bfloat16,int8,int4,llama.cpp] [--output FILE | -]
+    usage: python benchmarks/engine_speed.py [--llama-python PYTHON] [--llama-server BINARY] [--threads 1]
+           [--rounds 1] [--sides float32,bfloat16,int8,int4,llama.cpp,llama-server] [--output FILE | -]
+
+--llama-python: a Python with llama-cpp-python[server] installed (CMAKE_ARGS as in build_llama_server.sh);
+--llama-server: the binary `benchmarks/build_llama_server.sh DEST` leaves at DEST/bin/llama-server.
+A llama.cpp side whose flag is not given is left out.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from llama_cpp_sides import LLAMA_SIDES, llama_body, llama_command, llama_label, llama_notes
 from machine import cpu_model, publish
 
 HERE = Path(__file__).resolve().parent
@@ -92,12 +99,8 @@ def start(side: str, ns: argparse.Namespace, gguf: Path) -> tuple[subprocess.Pop
     """The side's server, healthy; its output goes to a log file beside the output."""
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": str(ns.threads)}
-    if side == "llama.cpp":
-        context = CONCURRENCY * (PROMPT_TOKENS + OUTPUT_TOKENS + 64)
-        cmd = [ns.llama_python, "-m", "llama_cpp.server", "--model", str(gguf), "--port", str(port),
-               "--n_ctx", str(context), "--n_threads", str(ns.threads), "--n_threads_batch", str(ns.threads),
-               "--n_batch", "512"]  # fmt: skip
-        health = f"http://127.0.0.1:{port}/v1/models"
+    if side in LLAMA_SIDES:
+        cmd, health = llama_command(side, ns, gguf, port, CONCURRENCY, PROMPT_TOKENS + OUTPUT_TOKENS)
     else:
         dtype, quant = KVADMIT_SIDES[side]
         cmd = [sys.executable, "-m", "kvadmit.cli", "serve", "--port", str(port), "--dtype", dtype,
@@ -113,13 +116,17 @@ def start(side: str, ns: argparse.Namespace, gguf: Path) -> tuple[subprocess.Pop
 
 
 def completion(side: str, url: str, prompt: str, eos: int) -> int:
-    """One greedy completion of OUTPUT_TOKENS tokens (end of text suppressed); its output token count."""
-    body: dict = {"prompt": prompt, "max_tokens": OUTPUT_TOKENS, "temperature": 0.0}
-    if side == "llama.cpp":
-        body["logit_bias"] = {str(eos): -100.0}
+    """One greedy completion of OUTPUT_TOKENS tokens (end of text suppressed); its output token count, which
+    the server's usage must give as exactly OUTPUT_TOKENS, with a non-empty text."""
+    if side in LLAMA_SIDES:
+        body = llama_body(side, prompt, OUTPUT_TOKENS, eos)
     else:
-        body["ignore_eos"] = True
-    return int(post(f"{url}/v1/completions", body)["usage"]["completion_tokens"])
+        body = {"prompt": prompt, "max_tokens": OUTPUT_TOKENS, "temperature": 0.0, "ignore_eos": True}
+    answer = post(f"{url}/v1/completions", body)
+    made, text = int(answer["usage"]["completion_tokens"]), answer["choices"][0]["text"]
+    if made != OUTPUT_TOKENS or not text.strip():
+        raise SystemExit(f"{side}: a request made {made} tokens (asked {OUTPUT_TOKENS}): {text[:80]!r}")
+    return made
 
 
 def peak_mb(pid: int) -> float:
@@ -152,7 +159,7 @@ def measure(side: str, ns: argparse.Namespace, gguf: Path, prompts: list[str], e
             outs = list(pool.map(lambda p: completion(side, url, p, eos), prompts))
         out["batched"] = sum(outs) / (time.perf_counter() - t)
         out["batched_cpu_ms"] = 1000 * (cpu_seconds(proc.pid) - cpu) / sum(outs)
-        return {**out, "memory": peak_mb(proc.pid), "outputs": sum(outs)}
+        return {**out, "memory": peak_mb(proc.pid), "outputs": sum(outs), "load": os.getloadavg()[0]}
     finally:
         proc.terminate()
         proc.wait(timeout=60)
@@ -181,13 +188,16 @@ def agreements(folder: Path, tokenizer: object, sides: list[str]) -> dict[str, f
     ids = tokenizer(TEXT.read_text())["input_ids"]  # type: ignore[operator]
     reference = greedy_tokens(load_hf_folder(folder, torch.float32), ids)
     out = {}
-    for side in (s for s in sides if s not in COMPILED):
+    # a compiled side runs its eager twin's arithmetic (int4-compiled: int4), measured even when that twin
+    # is not among the sides
+    eager = dict.fromkeys("int4" if s in COMPILED else s for s in sides)
+    for side in eager:
         dtype, quant = KVADMIT_SIDES[side]
         model = load_hf_folder(
             folder, resolve_dtype(dtype, "cpu", quantized=quant is not None), quantization=quant
         )
         out[side] = agreement(reference, greedy_tokens(model, ids))
-    for side in (s for s in sides if s in COMPILED and "int4" in out):
+    for side in (s for s in sides if s in COMPILED):
         out[side] = out["int4"]
     out["tokens"] = len(ids)
     return out
@@ -247,20 +257,19 @@ def notes(results: dict[str, list[dict[str, float]]], best: dict[str, dict[str, 
         "output token; the concurrent one includes the 16 prompts' prefill",
         f"agreement: over the {agree.get('tokens', 0):.0f} tokens of tests/data/agreement_text.txt, "
         "teacher-forced: the share of positions whose most likely next token equals float32's",
-        "llama.cpp's server here is llama-cpp-python's (python -m llama_cpp.server): it has no parallel "
-        "slots and serves one request at a time; llama.cpp's own llama-server binary (--parallel) was not "
-        "built (compiling it did not fit in this session on 2 shared cores)",
+        *llama_notes(list(results)),
     ]
     for side, rs in results.items():
-        runs = "; ".join(f"{r['single']:.1f} single, {r['batched']:.1f} batched ({r['outputs']:.0f} tokens)"
+        runs = "; ".join(f"{r['single']:.1f} single, {r['batched']:.1f} batched ({r['outputs']:.0f} tokens"
+                         + (f", load average {r['load']:.1f} at its end)" if "load" in r else ")")
                          for r in rs)  # fmt: skip
         lines.append(f"rounds of {side}: {runs}")
-    if "llama.cpp" in best:
-        ref = best["llama.cpp"]
-        for side in (s for s in best if s != "llama.cpp"):
+    for ref_side in (s for s in LLAMA_SIDES if s in best):
+        ref = best[ref_side]
+        for side in (s for s in best if s not in LLAMA_SIDES):
             single, batched = best[side]["single"] / ref["single"], best[side]["batched"] / ref["batched"]
             lines.append(
-                f"{side} vs llama.cpp: single {single:.2f}×, {CONCURRENCY} concurrent {batched:.2f}×"
+                f"{side} vs {ref_side}: single {single:.2f}×, {CONCURRENCY} concurrent {batched:.2f}×"
             )
     lines.append(
         "targets (issue #22): single stream ≥ llama.cpp; 16 concurrent ≥ 2× llama.cpp's server; peak memory "
@@ -270,8 +279,8 @@ def notes(results: dict[str, list[dict[str, float]]], best: dict[str, dict[str, 
 
 
 def side_label(side: str) -> str:
-    if side == "llama.cpp":
-        return "llama.cpp server (llama-cpp-python, Q4_1 GGUF)"
+    if side in LLAMA_SIDES:
+        return llama_label(side, CONCURRENCY, PROMPT_TOKENS + OUTPUT_TOKENS)
     dtype, quant = KVADMIT_SIDES[side]
     flags = f"--quantization {quant}" if quant else f"--dtype {dtype}"
     return f"kvadmit serve {flags}" + (" --enable-torch-compile" if side in COMPILED else "")
@@ -280,6 +289,7 @@ def side_label(side: str) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--llama-python", help="a Python with llama-cpp-python[server] installed")
+    ap.add_argument("--llama-server", help="llama.cpp's llama-server (benchmarks/build_llama_server.sh)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--sides", default="float32,bfloat16,int8,int4,llama.cpp")
@@ -298,8 +308,14 @@ def main() -> None:
 
     folder = ensure_default_model()
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
-    sides = [s for s in ns.sides.split(",") if s and (s != "llama.cpp" or ns.llama_python)]
-    gguf = default_gguf() if "llama.cpp" in sides else Path()
+    given = {"llama.cpp": ns.llama_python, "llama-server": ns.llama_server}
+    sides = [s for s in ns.sides.split(",") if s and (s not in given or given[s])]
+    for side in (s for s in ns.sides.split(",") if s in given and not given[s]):
+        print(f"left out: {side} (no --{'llama-python' if side == 'llama.cpp' else side})", file=sys.stderr)
+    unknown = [s for s in sides if s not in KVADMIT_SIDES and s not in LLAMA_SIDES]
+    if unknown:
+        raise SystemExit(f"unknown side(s) {unknown}: choose from {[*KVADMIT_SIDES, *LLAMA_SIDES]}")
+    gguf = default_gguf() if any(s in LLAMA_SIDES for s in sides) else Path()
     prompts = concurrent_prompts(tokenizer)
     load_before = os.getloadavg()[0]
     results: dict[str, list[dict[str, float]]] = {s: [] for s in sides}
