@@ -198,8 +198,12 @@ def header(
         "'sim, measured')",
         f"requests: {ns.requests} at {ns.rate:g}/s (Poisson), 4 shared system prompts, "
         f"{ns.max_tokens} tokens each; {ns.repeats} real runs per configuration",
-        "smg's power_of_two simulated with --router-impl smg (its expected wait over /v1/loads, polled every "
-        "1 s: --load-monitor-interval 1), the other rows with sglang-router 0.3.2's rules",
+        (
+            "smg's power_of_two simulated with --router-impl smg (its expected wait over /v1/loads, polled "
+            "every 1 s: --load-monitor-interval 1), the other rows with sglang-router 0.3.2's rules"
+            if ns.smg_power_of_two_as == "smg"
+            else "every row simulated with sglang-router 0.3.2's rules (smg's power_of_two too)"
+        ),
         f"load average (1 min) before / after: {loads[0]:.1f} / {loads[1]:.1f} "
         "(the cores are shared with other jobs, whose load moves the real steps, queues and TTFTs)",
     ]
@@ -244,10 +248,15 @@ def measure_real(ns: argparse.Namespace, stream) -> dict:  # type: ignore[no-unt
             "date": f"{dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC"}  # fmt: skip
 
 
+SMG_POWER_OF_TWO_AS = ["smg"]  # --smg-power-of-two-as
+
+
 def impl(router: str, policy: str) -> str:
-    """Whose rules simulate the router: smg's for its power_of_two (--router-impl smg), sglang-router
-    0.3.2's otherwise (round_robin is the same rule in both; smg's cache_aware is not modelled)."""
-    return "smg" if router == "smg" and policy == "power_of_two" else "sglang-router"
+    """Whose rules simulate the router: smg's for its power_of_two (--router-impl smg; sglang-router's with
+    --smg-power-of-two-as sglang-router, as before smg's was modelled), sglang-router 0.3.2's otherwise
+    (round_robin is the same rule in both; smg's cache_aware is not modelled)."""
+    smg = router == "smg" and policy == "power_of_two"
+    return SMG_POWER_OF_TWO_AS[0] if smg else "sglang-router"
 
 
 def main() -> None:
@@ -266,7 +275,11 @@ def main() -> None:
                     help="where the real runs' results are written (JSON)")  # fmt: skip
     ap.add_argument("--real-from", default=None, help="simulate against real runs saved by --save-real "
                     "instead of running the routers again")  # fmt: skip
+    ap.add_argument("--smg-power-of-two-as", choices=("smg", "sglang-router"), default="smg",
+                    help="whose rules simulate smg's power_of_two rows (sglang-router: as before smg "
+                    "1.13.0's rule was modelled)")  # fmt: skip
     ns = ap.parse_args()
+    SMG_POWER_OF_TWO_AS[0] = ns.smg_power_of_two_as
     stream = make_stream(ns.requests, ns.rate, ns.max_tokens)
     args = ServerArgs(max_total_tokens=20000, max_running_requests=ns.max_running, decode_log_interval=1)
     if ns.real_from:
