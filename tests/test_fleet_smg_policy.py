@@ -120,6 +120,27 @@ def test_requests_compares_requests_in_flight_first_and_the_wait_on_a_tie() -> N
     assert expected.choose(RouterView([1, 0]), None) == 0
 
 
+def test_least_requests_takes_the_fewest_in_flight_of_every_worker_ties_by_reservoir() -> None:
+    idle = [snap(tput=100.0)] * 3
+    policy = SmgPowerOfTwo(Scripted((2, 1)), metric="least_requests")  # no pair is drawn
+    policy.update_loads(idle)
+    # in flight 1, 0, 0: worker 0 is out; 1 and 2 tie at (0, 0 s): the second met keeps it with 1/2
+    assert policy.choose(RouterView([1, 0, 0]), None) == 1
+    assert policy.since_tokens == [0, 1024, 0]
+    policy = SmgPowerOfTwo(Scripted((2, 0)), metric="least_requests")
+    policy.update_loads(idle)
+    assert policy.choose(RouterView([1, 0, 0]), None) == 2  # the draw (0) takes worker 2
+    # a three-way tie: worker 1 replaces 0 with 1/2 (draw 1: no), worker 2 replaces it with 1/3 (draw 0)
+    policy = SmgPowerOfTwo(Scripted((2, 1), (3, 0)), metric="least_requests")
+    policy.update_loads(idle)
+    assert policy.choose(RouterView([0, 0, 0]), None) == 2
+    # the wait breaks a tie in flight (1 each): worker 1's request is not in its snapshot, 1024 / 100 =
+    # 10.24 s; worker 2 shows 2 running, 2048 / 100 = 20.48 s
+    policy = SmgPowerOfTwo(Scripted(), metric="least_requests")
+    policy.update_loads([snap(tput=100.0), snap(tput=100.0), snap(running=2, tput=100.0)])
+    assert policy.choose(RouterView([2, 1, 1]), None) == 1
+
+
 def test_one_worker_takes_everything_without_a_draw() -> None:
     assert SmgPowerOfTwo(Scripted()).choose(RouterView([5]), None) == 0
 
@@ -142,7 +163,6 @@ def test_the_smg_router_polls_snapshots_every_load_monitor_interval_and_counts_r
     ("settings", "message"),
     [
         (RouterSettings("cache_aware", impl="smg"), "smg 1.13.0's cache_aware is not modelled"),
-        (RouterSettings("power_of_two", impl="smg", load_metric="least_requests"), "least_requests is not"),
         (RouterSettings("power_of_two", impl="smg", load_metric="tokens"), "must be one of expected_wait"),
         (RouterSettings("power_of_two", impl="smg", poll_interval_secs=0), "--load-monitor-interval must"),
         (RouterSettings("power_of_two", impl="nginx"), "unknown router 'nginx'"),

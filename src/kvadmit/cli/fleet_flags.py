@@ -48,7 +48,7 @@ def add_fleet_flags(p: argparse.ArgumentParser) -> None:
                    "router follows: sglang-router 0.3.2 (default) or smg 1.13.0 (random, round_robin, "
                    "power_of_two; the flags below are smg's)")  # fmt: skip
     g.add_argument("--power-of-two-load-metric", choices=SMG_LOAD_METRICS, default=None, help="smg: what "
-                   "power_of_two compares (default expected_wait; least_requests: not modelled)")  # fmt: skip
+                   "power_of_two compares (default expected_wait)")  # fmt: skip
     g.add_argument("--load-monitor-interval", type=int, default=None, help="smg: seconds between its polls "
                    "of each worker's /v1/loads (default 10)")  # fmt: skip
     g.add_argument("--least-load-kv-pressure-weight", type=float, default=None, help="smg: (default 0.15)")

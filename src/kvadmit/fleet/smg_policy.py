@@ -15,9 +15,11 @@ power_of_two"): two distinct workers drawn as sglang-router draws them, the one 
 * p = `--least-load-mean-prefill-tokens` (1024): smg's HTTP path does not know a request's tokens.
 
 Before the first poll no worker has a snapshot and smg joins the shorter queue: the router's in-flight
-counts. `requests` compares the router's in-flight counts first and the expected wait on a tie. An exact
-tie goes to the second of the pair with probability 1/2 (smg's reservoir draw). The snapshot is what a
-kvadmit worker answers on /v1/loads (observe/load_snapshot.py), read at the poll."""
+counts. `requests` compares the router's in-flight counts first and the expected wait on a tie;
+`least_requests` does the same over every worker rather than a drawn pair. Exact ties are settled by
+smg's reservoir draw: the k-th of equal scores met, in worker order (the pair: first drawn, second),
+replaces the one held with probability 1/k. The snapshot is what a kvadmit worker answers on /v1/loads
+(observe/load_snapshot.py), read at the poll."""
 
 from __future__ import annotations
 
@@ -28,7 +30,6 @@ from typing import Any
 from kvadmit.fleet.policies import Draw, RouterView
 
 SMG_LOAD_METRICS = ("expected_wait", "requests", "least_requests")
-MODELLED_LOAD_METRICS = ("expected_wait", "requests")
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,9 +94,8 @@ class SmgPowerOfTwo:
     reads_snapshot: bool = True
 
     def __post_init__(self) -> None:
-        if self.metric not in MODELLED_LOAD_METRICS:
-            raise ValueError(f"--power-of-two-load-metric {self.metric} is not modelled; choose from "
-                             f"{', '.join(MODELLED_LOAD_METRICS)}")  # fmt: skip
+        if self.metric not in SMG_LOAD_METRICS:
+            raise ValueError(f"--power-of-two-load-metric must be one of {', '.join(SMG_LOAD_METRICS)}")
 
     def update_loads(self, snapshots: Sequence[Mapping[str, Any]]) -> None:
         """A poll: the snapshots replace the last ones and the since-poll credits start again at 0."""
@@ -109,16 +109,26 @@ class SmgPowerOfTwo:
             return (float(flying),)  # no snapshot anywhere yet: the shorter queue
         since_tokens, since_requests = self.since_tokens[k], self.since_requests[k]
         wait = expected_wait(self.polled[k], since_tokens, since_requests, flying, self.tunables)
-        return (float(flying), wait) if self.metric == "requests" else (wait,)
+        return (wait,) if self.metric == "expected_wait" else (float(flying), wait)
 
     def choose(self, view: RouterView, text: str | None) -> int:
         n = len(view.in_flight)
         if n == 1:
             return 0
-        i = self.rng.randrange(n)
-        j = (i + 1 + self.rng.randrange(n - 1)) % n
-        si, sj = self.score(view, i), self.score(view, j)
-        k = j if sj < si or (sj == si and self.rng.randrange(2) == 0) else i
+        if self.metric == "least_requests":
+            candidates = list(range(n))
+        else:
+            i = self.rng.randrange(n)
+            candidates = [i, (i + 1 + self.rng.randrange(n - 1)) % n]
+        k, best, tied = candidates[0], self.score(view, candidates[0]), 1
+        for c in candidates[1:]:
+            s = self.score(view, c)
+            if s < best:
+                k, best, tied = c, s, 1
+            elif s == best:
+                tied += 1
+                if self.rng.randrange(tied) == 0:
+                    k = c
         if self.polled is not None:
             self.since_tokens[k] += self.tunables.mean_prefill_tokens
             self.since_requests[k] += 1
