@@ -2,7 +2,10 @@
 file (rewritten by the test between polls), answers every completion at once with one token, and
 answers the discovery calls a router makes (health, models, server info). Stdlib only.
 
-    python fake_loads_worker.py PORT SNAPSHOT.json"""
+    python fake_loads_worker.py PORT SNAPSHOT.json [HOLD_S]
+
+HOLD_S (default 0) is how long it holds every completion before answering, so a router counts it in
+flight that long."""
 
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 SNAPSHOT = Path(sys.argv[2]) if len(sys.argv) > 2 else Path("snapshot.json")
+HOLD_S = float(sys.argv[3]) if len(sys.argv) > 3 else 0.0
 COMPLETION = {"id": "fake", "object": "text_completion", "created": 0, "model": "simulated",
               "choices": [{"index": 0, "text": "a", "finish_reason": "length", "logprobs": None}],
               "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}  # fmt: skip
@@ -48,6 +52,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         self.rfile.read(int(self.headers.get("content-length", 0)))
+        time.sleep(HOLD_S)
         self.answer(COMPLETION)
 
 

@@ -10,6 +10,7 @@ import json
 import re
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -45,11 +46,11 @@ CASES = [
 ]
 
 
-def fake_worker(folder: Path, k: int, snap: dict[str, float]) -> tuple[Proc, Path]:
+def fake_worker(folder: Path, k: int, snap: dict[str, float], hold_s: float = 0.0) -> tuple[Proc, Path]:
     path = folder / f"snapshot{k}.json"
     path.write_text(json.dumps(snap))
     port = free_port()
-    proc = start([sys.executable, str(HERE / "fake_loads_worker.py"), str(port), str(path)],
+    proc = start([sys.executable, str(HERE / "fake_loads_worker.py"), str(port), str(path), str(hold_s)],
                  folder / f"fake{k}.log", f"http://127.0.0.1:{port}")  # fmt: skip
     wait_until(proc, lambda: httpx.get(f"{proc.url}/v1/models", timeout=2).status_code == 200, "fake worker")
     return proc, path
@@ -77,3 +78,38 @@ def test_smg_scores_a_snapshot_as_the_model_does(tmp_path: Path) -> None:
     finally:
         w0.stop()
         w1.stop()
+
+
+@pytest.mark.parametrize(("metric", "slow_share"), [("requests", (4, 15)), ("least_requests", (0, 6))])
+def test_requests_draws_a_pair_and_least_requests_looks_at_every_worker(
+    metric: str, slow_share: tuple[int, int], tmp_path: Path
+) -> None:
+    """Three workers, the first two holding every request for 25 s, the third answering at once; 30
+    requests 50 ms apart. By the router's requests in flight, once the slow two hold some: under
+    `requests` the drawn pair is the slow two a third of the time and one of them gets the request
+    (measured 12 of 30), under `least_requests` the fast one gets it but for ties (measured 4 of 30)."""
+    idle = snapshot(gen_throughput=100.0)
+    fakes = [fake_worker(tmp_path, k, idle, hold_s=25.0 if k < 2 else 0.0) for k in range(3)]
+    workers = [proc for proc, _ in fakes]
+    try:
+        extra = ["--log-level", "debug", "--power-of-two-load-metric", metric]
+        with running_router("smg", workers, "power_of_two", tmp_path, extra) as router:
+            time.sleep(2.3)  # past the warm-up's poll: the credits are 0
+            start_at = router.log.stat().st_size
+            body = {"model": "simulated", "prompt": "hello", "max_tokens": 1}
+            with ThreadPoolExecutor(30) as pool:
+                for _ in range(30):
+                    pool.submit(httpx.post, f"{router.url}/v1/completions", json=body, timeout=60)
+                    time.sleep(0.05)
+                time.sleep(0.5)
+                with router.log.open("rb") as f:
+                    f.seek(start_at)
+                    picks = [url for url, _ in SCORE.findall(ANSI.sub("", f.read().decode(errors="replace")))]
+                slow = sum(url != workers[2].url for url in picks)
+                print(f"{metric}: {slow} of {len(picks)} to the slow workers")
+                assert len(picks) == 30 and slow_share[0] <= slow <= slow_share[1]
+                for proc in workers:  # the held requests are not waited for
+                    proc.stop()
+    finally:
+        for proc in workers:
+            proc.stop()
