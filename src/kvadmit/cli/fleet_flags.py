@@ -29,7 +29,8 @@ UNMODELLED_METHODS = {
 
 def add_fleet_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group(
-        "fleet (N replicas behind sglang-router 0.3.2, or SGLang's --dp-size; docs/simulate.md, Fleets)"
+        "fleet (N replicas behind sglang-router 0.3.2 or smg 1.13.0, or SGLang's --dp-size; "
+        "docs/simulate.md, Fleets)"
     )
     g.add_argument("--replicas", type=int, default=None, metavar="N", help="simulate N replicas, each the "
                    "exact scheduler, behind the router (default: one server, no router)")  # fmt: skip
