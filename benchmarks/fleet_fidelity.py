@@ -22,6 +22,7 @@ Needs the fleet extra (`make test-fleet` installs it).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import itertools
 import json
@@ -173,12 +174,17 @@ def phase_rows(
 
 
 def header(
-    ns: argparse.Namespace, overhead_ms: float, measured: float, loads: tuple[float, ...]
+    ns: argparse.Namespace,
+    overhead_ms: float,
+    measured: float,
+    loads: tuple[float, ...],
+    real: dict,  # type: ignore[type-arg]
 ) -> list[str]:
     """The lines above the tables: when, where, how (the machine's load before and after included)."""
     return [
         "# benchmarks/fleet_fidelity.py: simulate --replicas N --router POLICY against the real routers",
         f"date: {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC; commit {source_commit()}",
+        f"real runs: measured {real['date']} at commit {real['commit']} (saved in {Path(ns.save_real).name})",
         "command: " + shlex.join(["python", "benchmarks/fleet_fidelity.py", *sys.argv[1:]]),
         f"machine: {cpu_model()}, {os.cpu_count()} cores, shared with other jobs; "
         f"Python {platform.python_version()}",
@@ -192,26 +198,19 @@ def header(
         "'sim, measured')",
         f"requests: {ns.requests} at {ns.rate:g}/s (Poisson), 4 shared system prompts, "
         f"{ns.max_tokens} tokens each; {ns.repeats} real runs per configuration",
+        (
+            "smg's power_of_two simulated with --router-impl smg (its expected wait over /v1/loads, polled "
+            "every 1 s: --load-monitor-interval 1), the other rows with sglang-router 0.3.2's rules"
+            if ns.smg_power_of_two_as == "smg"
+            else "every row simulated with sglang-router 0.3.2's rules (smg's power_of_two too)"
+        ),
         f"load average (1 min) before / after: {loads[0]:.1f} / {loads[1]:.1f} "
         "(the cores are shared with other jobs, whose load moves the real steps, queues and TTFTs)",
     ]
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--requests", type=int, default=120)
-    ap.add_argument("--rate", type=float, default=10.0)
-    ap.add_argument("--max-tokens", type=int, default=40)
-    ap.add_argument("--decode-ms", type=float, default=20.0)
-    ap.add_argument("--max-running", type=int, default=4)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--routers", default="sglang-router,smg")
-    ap.add_argument("--policies", default="round_robin,cache_aware,power_of_two")
-    ap.add_argument("--output", default=str(HERE / "fleet_fidelity.txt"))
-    ns = ap.parse_args()
-    stream = make_stream(ns.requests, ns.rate, ns.max_tokens)
-    args = ServerArgs(max_total_tokens=20000, max_running_requests=ns.max_running, decode_log_interval=1)
+def measure_real(ns: argparse.Namespace, stream) -> dict:  # type: ignore[no-untyped-def,type-arg]
+    """The real runs: N workers behind each router and policy, --repeats times each, as JSON-ready data."""
     folder = Path(tempfile.mkdtemp(prefix="fleet-fidelity-"))
     cost = folder / "cost.json"
     cost.write_text(json.dumps({"decode": {"base_ms": ns.decode_ms}, "prefill": {"tokens_per_s": 1e6}}))
@@ -243,16 +242,68 @@ def main() -> None:
         for w in workers:
             w.stop()
     load_after = os.getloadavg()[0]
-    measured = statistics.mean(STEPS)
-    policies = ns.policies.split(",")
+    return {"rows": [[p, r, [[dataclasses.asdict(w) for w in run] for run in runs]] for p, r, runs in rows],
+            "overhead_ms": overhead_ms, "steps": len(STEPS), "step_ms": statistics.mean(STEPS),
+            "loads": [load_before, load_after], "commit": source_commit(),
+            "date": f"{dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC"}  # fmt: skip
+
+
+SMG_POWER_OF_TWO_AS = ["smg"]  # --smg-power-of-two-as
+
+
+def impl(router: str, policy: str) -> str:
+    """Whose rules simulate the router: smg's for its power_of_two (--router-impl smg; sglang-router's with
+    --smg-power-of-two-as sglang-router, as before smg's was modelled), sglang-router 0.3.2's otherwise
+    (round_robin is the same rule in both; smg's cache_aware is not modelled)."""
+    smg = router == "smg" and policy == "power_of_two"
+    return SMG_POWER_OF_TWO_AS[0] if smg else "sglang-router"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--requests", type=int, default=120)
+    ap.add_argument("--rate", type=float, default=10.0)
+    ap.add_argument("--max-tokens", type=int, default=40)
+    ap.add_argument("--decode-ms", type=float, default=20.0)
+    ap.add_argument("--max-running", type=int, default=4)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--routers", default="sglang-router,smg")
+    ap.add_argument("--policies", default="round_robin,cache_aware,power_of_two")
+    ap.add_argument("--output", default=str(HERE / "fleet_fidelity.txt"))
+    ap.add_argument("--save-real", default=str(HERE / "fleet_fidelity_real.json"),
+                    help="where the real runs' results are written (JSON)")  # fmt: skip
+    ap.add_argument("--real-from", default=None, help="simulate against real runs saved by --save-real "
+                    "instead of running the routers again")  # fmt: skip
+    ap.add_argument("--smg-power-of-two-as", choices=("smg", "sglang-router"), default="smg",
+                    help="whose rules simulate smg's power_of_two rows (sglang-router: as before smg "
+                    "1.13.0's rule was modelled)")  # fmt: skip
+    ns = ap.parse_args()
+    SMG_POWER_OF_TWO_AS[0] = ns.smg_power_of_two_as
+    stream = make_stream(ns.requests, ns.rate, ns.max_tokens)
+    args = ServerArgs(max_total_tokens=20000, max_running_requests=ns.max_running, decode_log_interval=1)
+    if ns.real_from:
+        real = json.loads(Path(ns.real_from).read_text())
+    else:
+        real = measure_real(ns, stream)
+        Path(ns.save_real).write_text(json.dumps(real))
+    rows = [(p, r, [[WorkerResult(**w) for w in run] for run in runs]) for p, r, runs in real["rows"]]
+    overhead_ms, measured = real["overhead_ms"], real["step_ms"]
+    STEPS[:] = [measured] * real["steps"]  # (the header reports their count)
+    load_before, load_after = real["loads"]
+    policies, routers = ns.policies.split(","), ns.routers.split(",")
     sims = {}
     for policy in policies:
-        for step in (ns.decode_ms, measured):
-            sims[policy, step] = simulated(stream, args, step, policy, ns.workers, 1, overhead_ms / 1000)
-    phased = [simulated(stream, args, measured, "power_of_two", ns.workers, 1, overhead_ms / 1000, k / PHASES)
-              for k in range(PHASES)] if "power_of_two" in policies else []  # fmt: skip
+        for router in routers:
+            for step in (ns.decode_ms, measured):
+                latency = overhead_ms / 1000
+                sims[router, policy, step] = simulated(stream, args, step, policy, ns.workers, 1, latency,
+                                                       impl=impl(router, policy))  # fmt: skip
+    phased = {router: [simulated(stream, args, measured, "power_of_two", ns.workers, 1, overhead_ms / 1000,
+                                 k / PHASES, impl(router, "power_of_two")) for k in range(PHASES)]
+              for router in routers} if "power_of_two" in policies else {}  # fmt: skip
     lines = [
-        *header(ns, overhead_ms, measured, (load_before, load_after)),
+        *header(ns, overhead_ms, measured, (load_before, load_after), real),
         "",
         "| policy | router | worker | requests: sim / real | peak queue: sim / sim, measured / real | "
         "retracted: sim / sim, measured / real | TTFT p50 ms: sim / sim, measured / real | "
@@ -260,7 +311,8 @@ def main() -> None:
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for policy, router, runs in rows:
-        lines += table_rows(policy, router, runs, sims[policy, ns.decode_ms], sims[policy, measured])
+        nominal, fitted = sims[router, policy, ns.decode_ms], sims[router, policy, measured]
+        lines += table_rows(policy, router, runs, nominal, fitted)
     if phased:
         lines += [
             "",
@@ -272,7 +324,7 @@ def main() -> None:
         ]
         for policy, router, runs in rows:
             if policy == "power_of_two":
-                lines += phase_rows(policy, router, runs, phased)
+                lines += phase_rows(policy, router, runs, phased[router])
     publish(lines, ns.output)
 
 

@@ -61,10 +61,11 @@ class WorkerResult:
 
 
 def simulated(stream: Stream, args: ServerArgs, decode_ms: float, policy: str, workers: int,
-              poll_s: int, latency_s: float, first_poll_s: float = 0.0) -> list[WorkerResult]:  # fmt: skip
-    """The stream through `simulate --replicas N --router POLICY`: byte tokens (the workers' tokenizer),
-    two warm-up requests (the real run's router check and its warm-up), --request-latency-ms latency_s,
-    the router's first load poll at first_poll_s."""
+              poll_s: int, latency_s: float, first_poll_s: float = 0.0,
+              impl: str = "sglang-router") -> list[WorkerResult]:  # fmt: skip
+    """The stream through `simulate --replicas N --router POLICY --router-impl IMPL`: byte tokens (the
+    workers' tokenizer), two warm-up requests (the real run's router check and its warm-up),
+    --request-latency-ms latency_s, the router's first load poll at first_poll_s."""
     reqs = tuple(
         SimRequest(i, len(p.encode()), stream.max_tokens, stream.max_tokens, None, True, 0, tuple(p.encode()))
         for i, p in enumerate(stream.prompts)
@@ -76,7 +77,8 @@ def simulated(stream: Stream, args: ServerArgs, decode_ms: float, policy: str, w
         replay=Replay(reqs, tuple(stream.arrivals), tuple(f"req-{i}" for i in range(len(reqs)))),
     )  # fmt: skip
     lines: list[str] = []
-    spec = FleetSpec(workers, RouterSettings(policy, poll_interval_secs=poll_s, first_poll_s=first_poll_s))
+    settings = RouterSettings(policy, poll_interval_secs=poll_s, first_poll_s=first_poll_s, impl=impl)
+    spec = FleetSpec(workers, settings)
     result = simulate_fleet(cfg, spec, emit_log=lines.append)
     out = []
     for k in range(workers):

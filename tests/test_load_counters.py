@@ -7,10 +7,10 @@ Expected values by hand."""
 from __future__ import annotations
 
 from kvadmit.config import ServerArgs
+from kvadmit.observe.load_snapshot import LoadCounters, load_snapshot
 from kvadmit.request import Req, SamplingLimits
 from kvadmit.scheduler.events import DecodeBatchStats, PrefillBatchStats
 from kvadmit.scheduler.scheduler import Scheduler
-from kvadmit.server.load import LoadCounters, load_snapshot
 
 START = 1000.0
 

@@ -26,7 +26,7 @@ import json
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import IO
+from typing import IO, Any
 
 from kvadmit.bench.metrics import RequestOutcome, calculate_metrics
 from kvadmit.bench.workload import SimRequest, build_workload
@@ -49,6 +49,11 @@ class FleetSpec:
     def describe(self) -> str:
         if self.in_process:
             return f"--dp-size {self.replicas}, --load-balance-method {self.router.policy}"
+        if self.router.impl == "smg":
+            metric = f" --power-of-two-load-metric {self.router.load_metric}"
+            return f"{self.replicas} replicas behind smg 1.13.0, --policy {self.router.policy}" + (
+                metric if self.router.policy == "power_of_two" else ""
+            )
         return f"{self.replicas} replicas behind the router, --policy {self.router.policy}"
 
     def simulate(self, cfg: SimConfig, watch_steps: tuple[StepObserver, ...] = ()) -> SimResult:
@@ -108,6 +113,9 @@ class _Fleet:
             for k in range(spec.replicas)
         ]
         self.router = FleetRouter(spec.router, spec.replicas)
+        if self.router.reads_snapshot:
+            for r in self.replicas:
+                r.watch_load()
         self.latency = cfg.request_latency_s
         self.queue: deque[tuple[float, str, SimRequest, RequestOutcome | None]] = deque()
         mc = cfg.max_concurrency
@@ -145,7 +153,7 @@ class _Fleet:
             periodic = router.next_periodic()
             if periodic < t or (periodic == t and kind > PERIODIC):
                 self.now = periodic
-                router.run_periodic(self._loads)
+                router.run_periodic(self._loads, self._snapshots)
                 continue
             self.now = t
             if kind == SEND:
@@ -165,6 +173,9 @@ class _Fleet:
 
     def _loads(self) -> list[int]:
         return [r.token_load() for r in self.replicas]
+
+    def _snapshots(self) -> list[dict[str, Any]]:
+        return [r.snapshot(self.now) for r in self.replicas]
 
     def _send(self, sent: float) -> None:
         _, rid, spec, outcome = self.queue.popleft()

@@ -7,13 +7,14 @@ from __future__ import annotations
 import json
 from collections import deque
 from collections.abc import Callable
-from typing import IO
+from typing import IO, Any
 
 from kvadmit.bench.metrics import RequestOutcome
 from kvadmit.bench.workload import SimRequest
 from kvadmit.engine import Engine, StepObserver, VirtualClock
 from kvadmit.executor.base import StepResult
 from kvadmit.executor.simulated import EOS_TOKEN_ID, SimulatedExecutor
+from kvadmit.observe.load_snapshot import LoadCounters, load_snapshot
 from kvadmit.observe.step_trace import step_row
 from kvadmit.request import Req
 from kvadmit.scheduler.events import Event
@@ -76,6 +77,7 @@ class Replica:
         self.kv_peak = 0.0
         self.kv_time = 0.0  # ∫ token usage dt over the steps
         self.busy_time = 0.0
+        self.load: LoadCounters | None = None  # what /v1/loads accumulates, once watch_load() is called
 
     # ----- the engine's Listener -----------------------------------------------------------------
     def on_step(self, batch: ScheduledBatch, now: float) -> None:
@@ -111,6 +113,18 @@ class Replica:
         s = self.scheduler
         used = s.max_total_num_tokens - s.pool.available_size() - s.cache.evictable_size()
         return used + sum(r.seqlen for r in s.waiting)
+
+    def watch_load(self) -> None:
+        """Keep the counters behind /v1/loads (a worker run with --enable-metrics, whose gen_throughput
+        smg's power_of_two reads), from time 0 of the run."""
+        self.load = LoadCounters(metrics_on=True, started=0.0)
+        self.engine.observers.append(self.load.on_event)
+
+    def snapshot(self, at: float) -> dict[str, Any]:
+        """/v1/loads' snapshot (observe/load_snapshot.py) as the replica stands at `at` or, when a step
+        runs past `at`, once that step is processed (its clock then)."""
+        assert self.load is not None, "watch_load() first"
+        return load_snapshot(self.scheduler, self.load, max(at, self.clock.now()))
 
     def _watch(self, batch: ScheduledBatch, result: StepResult, now: float) -> None:
         s = self.scheduler

@@ -10,8 +10,9 @@ from typing import Any
 from fastapi import APIRouter
 from fastapi.responses import Response
 
+from kvadmit.observe.load_snapshot import load_snapshot
 from kvadmit.server.errors import APIError
-from kvadmit.server.load import legacy_load, load_snapshot, sections, select
+from kvadmit.server.load import legacy_load, sections, select
 from kvadmit.server.state import ServerState
 
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"

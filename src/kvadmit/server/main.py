@@ -55,8 +55,8 @@ def _trace_file(path: str | None, flag: str) -> TraceFile | None:
 
 
 def build_state(ns: argparse.Namespace, args: ServerArgs) -> Any:
+    from kvadmit.observe.load_snapshot import LoadCounters
     from kvadmit.server.backend import model_backend, simulated_backend
-    from kvadmit.server.load import LoadCounters
     from kvadmit.server.metrics import ServerMetrics
     from kvadmit.server.runner import EngineRunner
     from kvadmit.server.state import ServerState

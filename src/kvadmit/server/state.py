@@ -8,8 +8,8 @@ from typing import Any
 
 from starlette.concurrency import run_in_threadpool
 
+from kvadmit.observe.load_snapshot import LoadCounters
 from kvadmit.server.errors import APIError
-from kvadmit.server.load import LoadCounters
 from kvadmit.server.protocol import check_lengths
 from kvadmit.server.runner import EngineRunner
 
