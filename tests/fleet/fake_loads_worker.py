@@ -5,7 +5,8 @@ answers the discovery calls a router makes (health, models, server info). Stdlib
     python fake_loads_worker.py PORT SNAPSHOT.json [HOLD_S]
 
 HOLD_S (default 0) is how long it holds every completion before answering, so a router counts it in
-flight that long."""
+flight that long; the router fixture's "warm up" request is answered at once (else a tie sent it to a
+held worker 2 times in 3, and the fixture's 10 s retries ran out of time)."""
 
 from __future__ import annotations
 
@@ -51,8 +52,9 @@ class Handler(BaseHTTPRequestHandler):
         return self.answer({})
 
     def do_POST(self) -> None:
-        self.rfile.read(int(self.headers.get("content-length", 0)))
-        time.sleep(HOLD_S)
+        body = self.rfile.read(int(self.headers.get("content-length", 0)))
+        if b'"warm up"' not in body:
+            time.sleep(HOLD_S)
         self.answer(COMPLETION)
 
 

@@ -80,14 +80,16 @@ def test_smg_scores_a_snapshot_as_the_model_does(tmp_path: Path) -> None:
         w1.stop()
 
 
-@pytest.mark.parametrize(("metric", "slow_share"), [("requests", (4, 15)), ("least_requests", (0, 6))])
+@pytest.mark.parametrize(("metric", "slow_share"), [("requests", (9, 32)), ("least_requests", (0, 8))])
 def test_requests_draws_a_pair_and_least_requests_looks_at_every_worker(
     metric: str, slow_share: tuple[int, int], tmp_path: Path
 ) -> None:
-    """Three workers, the first two holding every request for 25 s, the third answering at once; 30
+    """Three workers, the first two holding every request for 25 s, the third answering at once; 60
     requests 50 ms apart. By the router's requests in flight, once the slow two hold some: under
     `requests` the drawn pair is the slow two a third of the time and one of them gets the request
-    (measured 12 of 30), under `least_requests` the fast one gets it but for ties (measured 4 of 30)."""
+    (binomial: 20 of 60 expected, sd 3.7; measured 12 of 30 in a 30-request run), under `least_requests`
+    the fast one gets it but for the early ties (measured 4 of 30). The bounds sit 3 sd out: the two
+    metrics cannot pass each other's test."""
     idle = snapshot(gen_throughput=100.0)
     fakes = [fake_worker(tmp_path, k, idle, hold_s=25.0 if k < 2 else 0.0) for k in range(3)]
     workers = [proc for proc, _ in fakes]
@@ -97,8 +99,8 @@ def test_requests_draws_a_pair_and_least_requests_looks_at_every_worker(
             time.sleep(2.3)  # past the warm-up's poll: the credits are 0
             start_at = router.log.stat().st_size
             body = {"model": "simulated", "prompt": "hello", "max_tokens": 1}
-            with ThreadPoolExecutor(30) as pool:
-                for _ in range(30):
+            with ThreadPoolExecutor(60) as pool:
+                for _ in range(60):
                     pool.submit(httpx.post, f"{router.url}/v1/completions", json=body, timeout=60)
                     time.sleep(0.05)
                 time.sleep(0.5)
@@ -107,7 +109,7 @@ def test_requests_draws_a_pair_and_least_requests_looks_at_every_worker(
                     picks = [url for url, _ in SCORE.findall(ANSI.sub("", f.read().decode(errors="replace")))]
                 slow = sum(url != workers[2].url for url in picks)
                 print(f"{metric}: {slow} of {len(picks)} to the slow workers")
-                assert len(picks) == 30 and slow_share[0] <= slow <= slow_share[1]
+                assert len(picks) == 60 and slow_share[0] <= slow <= slow_share[1]
                 for proc in workers:  # the held requests are not waited for
                     proc.stop()
     finally:
