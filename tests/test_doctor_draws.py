@@ -54,11 +54,11 @@ def test_a_scenario_that_retracts_is_the_mean_of_four_draws_and_one_that_does_no
         return draw
 
     monkeypatch.setattr(prove, "run", fake_run)
-    monkeypatch.setattr(prove, "outcome", lambda rec, s, sim: _outcome(counts[sim]))
+    monkeypatch.setattr(prove, "outcome", lambda rec, s, sim, judge=True: _outcome(counts[sim]))
     got = prove._simulate(None, SCENARIO)  # type: ignore[arg-type]
     assert draws == [0, 1, 2, 3] and prove.DRAWS == 4
     assert got.stats.retracted == 25.0  # (20 + 30 + 10 + 40) ÷ 4
     draws.clear()
-    monkeypatch.setattr(prove, "outcome", lambda rec, s, sim: _outcome(0))
+    monkeypatch.setattr(prove, "outcome", lambda rec, s, sim, judge=True: _outcome(0))
     got = prove._simulate(None, SCENARIO)  # type: ignore[arg-type]
     assert draws == [0] and got.stats.retracted == 0

@@ -10,6 +10,7 @@ from typing import Any
 
 from kvadmit.doctor import model
 from kvadmit.doctor.observed import Observed, read_observed
+from kvadmit.doctor.opening import opening_floor
 from kvadmit.doctor.reconstruct import CannotReconstruct, Reconstruction, reconstruct
 from kvadmit.doctor.reservation import judge_reservation
 from kvadmit.doctor.resimulate import run
@@ -139,6 +140,13 @@ def _simulate_all(
     proof: Proof, rec: Reconstruction, obs: Observed, verdict: str, user: list[Scenario], began: float
 ) -> Proof:
     proof.real = real = window_stats(obs, rec.window[0], rec.span_s)
+    rec.progress_floor = opening_floor(rec)
+    if rec.progress_floor:
+        rec.notes.append(
+            f"the {rec.start.running} running at the opening: progress spread over [{rec.progress_floor:g}, "
+            f"{2 - rec.progress_floor:g}] × its mean, the widest with which the scheduler admits them all "
+            "before the window (opening.py)"
+        )
     today = _simulate(rec, Scenario("today (the reconstruction)", "today"))
     proof.check, proof.reproduced = replay_check(verdict, real, today)
     proof.outcomes = [today]
@@ -160,5 +168,7 @@ def _simulate(rec: Reconstruction, s: Scenario) -> Outcome:
     first = outcome(rec, s, run(rec, s.label, s.overrides, s.max_new_tokens))
     if not first.stats.retracted:
         return first
-    more = [outcome(rec, s, run(rec, s.label, s.overrides, s.max_new_tokens, d)) for d in range(1, DRAWS)]
+    more = [
+        outcome(rec, s, run(rec, s.label, s.overrides, s.max_new_tokens, d), False) for d in range(1, DRAWS)
+    ]
     return mean_outcome([first, *more])

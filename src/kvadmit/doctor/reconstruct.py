@@ -57,6 +57,9 @@ class Reconstruction:
     reserves_all: Inferred[bool] = field(
         default_factory=lambda: Inferred(False, "requests reserve at the new-token ratio", "guess")
     )
+    # The running requests' progress at the window's opening spreads over [floor, 2 − floor] × its mean
+    # (resimulate.running_progress; opening.py chooses it).
+    progress_floor: float = 0.0
 
     @property
     def span_s(self) -> float:

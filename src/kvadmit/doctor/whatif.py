@@ -105,12 +105,14 @@ def _quantile(xs: list[float], q: float) -> float | None:
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
-def outcome(rec: Reconstruction, scenario: Scenario, sim: SimRun) -> Outcome:
+def outcome(rec: Reconstruction, scenario: Scenario, sim: SimRun, judge: bool = True) -> Outcome:
+    """The scenario's figures from its run; its verdict too unless `judge` is false (a draw averaged
+    into another's, which gives the verdict: mean_outcome)."""
     done = [o for o in sim.outcomes if o.success]
     ttfts = [1000 * o.ttft for o in done]
     tpots = [1000 * (o.latency - o.ttft) / (o.output_len - 1) for o in done if o.output_len > 1]
     stats = window_stats(sim.observed, rec.window[0], rec.span_s)
-    verdict = diagnose_lines(sim.window_lines)
+    verdict = diagnose_lines(sim.window_lines) if judge else ""
     return Outcome(
         scenario, verdict, stats, _quantile(ttfts, 0.5), _quantile(ttfts, 0.99), _mean(tpots), len(done)
     )
