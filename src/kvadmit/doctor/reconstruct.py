@@ -14,6 +14,7 @@ from kvadmit.doctor import reconstruct_workload as workload
 from kvadmit.doctor.inferred import Inferred
 from kvadmit.doctor.lengths import OutputLengths
 from kvadmit.doctor.observed import Observed
+from kvadmit.doctor.readmissions import track_readmissions
 
 # The simulated window is at most this long (the what-if must stay fast on long logs): the part of the
 # log around the first retraction, or its start.
@@ -56,6 +57,9 @@ class Reconstruction:
     reserves_all: Inferred[bool] = field(
         default_factory=lambda: Inferred(False, "requests reserve at the new-token ratio", "guess")
     )
+    # The running requests' progress at the window's opening spreads over [floor, 2 − floor] × its mean
+    # (resimulate.running_progress; opening.py chooses it).
+    progress_floor: float = 0.0
 
     @property
     def span_s(self) -> float:
@@ -181,7 +185,10 @@ def reconstruct(obs: Observed) -> Reconstruction:
         raise CannotReconstruct("no batch line in the window")
     resolution = _resolution(obs)
     arrivals = workload.infer_arrivals(events, start, t1 - t0 + resolution, resolution)
-    prompt, output = workload.infer_lengths(obs, interval.value, workload.infer_prompt(obs))
+    tracked = track_readmissions(obs)
+    prompt_in = workload.infer_prompt(obs, tracked)
+    unfreed = workload.unfreed_by_retraction(obs, tracked, prompt_in.value) if prompt_in else 0.0
+    prompt, output = workload.infer_lengths(obs, interval.value, prompt_in, unfreed)
     spread = workload.infer_spread(obs, prompt, output)
     budget, stops = _budget(obs, pool.value, prompt, output, spread)
     notes = [_loop_note(server.infer_overlap(obs))]
@@ -197,5 +204,5 @@ def reconstruct(obs: Observed) -> Reconstruction:
         server.infer_overlap(obs), server.infer_cost(obs, interval.value), (t0, t1),
         resolution, start, arrivals, prompt, output, budget, stops,
         spread, workload.infer_remaining(obs, interval.value, output.value),
-        workload.infer_prompt_spread(obs), first_running, notes,
+        workload.infer_prompt_spread(obs, tracked), first_running, notes,
     )  # fmt: skip

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 from kvadmit.doctor.inferred import Inferred
 from kvadmit.doctor.observed import Decode, Observed, Prefill, Retract
+from kvadmit.doctor.readmissions import Readmissions
 
 RETRACT_DECODE_STEPS = 20  # SGLANG_RETRACT_DECODE_STEPS's default (§2)
 MIN_ALONE = 20  # Prefill lines of one request each, to tell the prompts' spread
@@ -129,13 +130,21 @@ def arrival_rate(times: list[float], span_s: float, resolution: float) -> tuple[
     return (n / span_s if span_s > 0 else 0.0), f"{n:,} arrivals over the {span_s:.0f} s window"
 
 
-def infer_prompt(obs: Observed) -> Inferred[float] | None:
-    """(#new-token + #cached-token) ÷ #new-seq over the Prefill lines, less the re-admissions of retracted
-    requests: each prefills again its prompt and what it had generated, which is what its retraction
-    freed (#new_tokens_gained)."""
+def infer_prompt(obs: Observed, tracked: Readmissions | None = None) -> Inferred[float] | None:
+    """(#new-token + #cached-token) ÷ #new-seq over the Prefill lines that admit no retracted request,
+    when the queue's order tells them (readmissions.py). Otherwise over all of them less the
+    re-admissions: each prefills again its prompt and what it had generated, taken as what its retraction
+    freed (#new_tokens_gained; short of it when the cache kept the victim's prompt)."""
     seqs = sum(p.new_seq for p in obs.prefills)
     if seqs == 0:
         return None
+    if tracked is not None and tracked.clean_seqs >= 3:
+        how = (
+            f"(#new-token + #cached-token) ÷ #new-seq over the Prefill lines that admit no retracted request "
+            f"(fcfs queue order: {tracked.suspect_seqs:,} of {seqs:,} admissions may be re-admissions, left "
+            f"out) ({tracked.clean_seqs:,} requests)"
+        )
+        return Inferred(tracked.prompt_mean, how, "estimate")
     tokens = sum(p.new_token + p.cached for p in obs.prefills)
     how = f"(#new-token + #cached-token) ÷ #new-seq over {len(obs.prefills):,} Prefill lines"
     retracted = sum(r.count for r in obs.retracts)
@@ -148,15 +157,18 @@ def infer_prompt(obs: Observed) -> Inferred[float] | None:
     return Inferred(tokens / seqs, how, "estimate" if seqs >= 3 else "guess")
 
 
-def infer_prompt_spread(obs: Observed) -> Inferred[float]:
+def infer_prompt_spread(obs: Observed, tracked: Readmissions | None = None) -> Inferred[float]:
     """The prompts' squared coefficient of variation, from the Prefill lines that admit one request before
     the first retraction: each shows that request's prompt (#new-token + #cached-token). After a
     retraction a line may be a re-admission, which prefills the prompt and the output again (on the
-    uniform-stop round trip those lines put CV² at 0.12 where every prompt is 128 tokens). Too few
-    lines: every prompt as long as the mean."""
+    uniform-stop round trip those lines put CV² at 0.12 where every prompt is 128 tokens); where the
+    queue's order tells which lines cannot be (readmissions.py), those count too (the storm round trip
+    retracts after ~28 admissions: ~400 lines instead). Too few lines: every prompt as long as the mean."""
     first = obs.retracts[0].t if obs.retracts else float("inf")
     alone = [p.new_token + p.cached for p in obs.prefills if p.new_seq == 1 and p.t < first]
     where = "before the first retraction" if obs.retracts else "in the log"
+    if tracked is not None and len(tracked.clean_alone) > len(alone):
+        alone, where = list(tracked.clean_alone), "and no retracted one (fcfs queue order)"
     if len(alone) < MIN_ALONE:
         how = f"{len(alone)} Prefill lines admit one request {where} ({MIN_ALONE} tell): every prompt as long"
         return Inferred(0.0, how, "guess")
@@ -238,12 +250,28 @@ def prompt_cap_from_retractions(obs: Observed, interval: int) -> tuple[float, st
     return best
 
 
+def unfreed_by_retraction(obs: Observed, tracked: Readmissions | None, prompt: float) -> float:
+    """What the retracted requests held beyond the retractions' Σ #new_tokens_gained: the prompts the
+    cache kept (readmissions.py), which left #token all the same. A re-admission prefills all its
+    request held, so it is the re-admitted tokens less their share of what the retractions gained (the
+    re-admitted of all retracted; 0 when it cannot be told)."""
+    gains = [r.gained for r in obs.retracts]
+    if tracked is None or not tracked.readmitted or None in gains:
+        return 0.0
+    share = tracked.readmitted / tracked.retracted
+    return tracked.readmitted_tokens(prompt) - share * sum(g for g in gains if g is not None)
+
+
 def infer_lengths(
-    obs: Observed, interval: int, prompt: Inferred[float] | None
+    obs: Observed, interval: int, prompt: Inferred[float] | None, unfreed: float = 0.0
 ) -> tuple[Inferred[float], Inferred[float]]:
     """(prompt, output) means. Without Prefill lines the prompt comes from two facts: a running request
-    holds its prompt plus, on average, half its output; a finished one freed its prompt plus all of it."""
+    holds its prompt plus, on average, half its output; a finished one freed its prompt plus all of it.
+    `unfreed`: tokens the retracted requests released from #token beyond #new_tokens_gained, which the
+    #token arithmetic (finished_context) would otherwise count as freed by finishing."""
     done = finished_context(obs, interval)
+    if done is not None and unfreed:
+        done = (done[0] - unfreed, done[1], done[2])
     ctx = mean_context(obs)
     at_finish = done[0] / done[1] if done and done[1] >= 3 else None
     if prompt is None:
@@ -269,6 +297,8 @@ def infer_lengths(
             f"a finished request freed {at_finish:,.0f} tokens on average ({done[1]:,.0f} finished between "
             f"Decode lines, #token's growth over {interval} steps): that less the prompt"
         )
+        if unfreed:
+            how += f" (less {unfreed:,.0f} tokens that retracted requests held beyond #new_tokens_gained)"
         return prompt, Inferred(value, how, "estimate")
     if ctx is not None:
         value = max(2 * (ctx - prompt.value), 1.0)

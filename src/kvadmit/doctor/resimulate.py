@@ -20,7 +20,7 @@ import numpy as np
 
 from kvadmit.bench.metrics import RequestOutcome
 from kvadmit.bench.workload import SimRequest, WorkloadSpec
-from kvadmit.costmodel.costmodel import DecodeCost
+from kvadmit.costmodel.costmodel import DecodeCost, PrefillCost
 from kvadmit.doctor.lengths import OutputLengths
 from kvadmit.doctor.observed import Observed, observe_lines
 from kvadmit.doctor.reconstruct import NO_CAP, Reconstruction, lengths
@@ -30,6 +30,7 @@ from kvadmit.sim.run import SimConfig, SimResult, simulate
 
 VOCAB = 32000
 WARMUP_MARGIN_S = 1.0
+SEEDS_PER_DRAW = 10  # each draw of a replay takes its generators' seeds from 10 × draw on
 
 
 @dataclass(slots=True)
@@ -43,32 +44,37 @@ class SimRun:
     outcomes: list[RequestOutcome]  # the requests sent from the window's opening on
 
 
-def build_replay(rec: Reconstruction, budget: int | None = None) -> tuple[Replay, float]:
+def build_replay(
+    rec: Reconstruction, budget: int | None = None, draw: int = 0, running_only: bool = False
+) -> tuple[Replay, float]:
     """The requests and their send times (seconds from the simulation's start), and the warm-up's length:
-    the window opens that many seconds into the simulation."""
+    the window opens that many seconds into the simulation. `draw` picks another arrangement of what the
+    log does not show (which request gets which length and prompt, their token ids); `running_only`
+    leaves out all but the requests running when the window opens (opening.py)."""
+    s = SEEDS_PER_DRAW * draw
     prompt = max(round(rec.prompt_len.value), 1)
     dist = lengths(rec, budget)
     asked = dist.budget
     n_run, n_wait = rec.start.running, rec.start.queue
     n = n_run + n_wait + len(rec.arrivals.times)
-    outs = dist.spread(n, seed=1)
-    # The running requests' progress: evenly spread, its mean what the log's #token shows per request.
+    outs = dist.spread(n, seed=s + 1)
+    # The running requests' progress: its mean what the log's #token shows per request.
     held = max(rec.start.tokens / n_run - prompt, 0.0) if n_run else 0.0
-    done = [min(round((k + 0.5) / n_run * 2 * held), asked - 1) for k in range(n_run)]
-    outs[:n_run] = running_lengths(rec, dist, done)
-    progress = warmup_seconds(rec.cost.value.decode, prompt, done)
+    done = running_progress(n_run, held, asked, rec.progress_floor)
+    outs[:n_run] = running_lengths(rec, dist, done, s + 3)
+    progress = warmup_seconds(rec.cost.value.decode, prompt, done, rec.cost.value.prefill)
     warmup = (max(progress) if progress else 0.0) + WARMUP_MARGIN_S
     times = [warmup - p for p in progress]
     times += [warmup - 0.001 * (n_wait - k) / max(n_wait, 1) for k in range(n_wait)]
     t0 = rec.start.t
     times += [warmup + (t - t0) for t in rec.arrivals.times]
-    offsets = np.random.RandomState(2).randint(0, VOCAB, size=n).tolist()
-    order = sorted(range(n), key=lambda i: times[i])
+    offsets = np.random.RandomState(s + 2).randint(0, VOCAB, size=n).tolist()
+    order = sorted(range(n_run if running_only else n), key=lambda i: times[i])
     # Requests that run to their own max_new_tokens ask for their length (with ignore_eos when they
     # reserve all of it); the others ask for the common budget and stop early.
     own = not rec.stops_early.value and budget is None
     eos = rec.reserves_all.value
-    prompts = OutputLengths(prompt, rec.prompt_spread.value, NO_CAP).spread(n, seed=4)
+    prompts = OutputLengths(prompt, rec.prompt_spread.value, NO_CAP).spread(n, seed=s + 4)
     reqs = tuple(
         SimRequest(
             j, prompts[i], outs[i], outs[i] if own else asked, None if eos else outs[i], eos, offsets[i]
@@ -76,15 +82,26 @@ def build_replay(rec: Reconstruction, budget: int | None = None) -> tuple[Replay
         for j, i in enumerate(order)
     )
     arrivals = tuple(times[i] for i in order)
-    return Replay(reqs, arrivals, tuple(f"r{j}" for j in range(n))), warmup
+    return Replay(reqs, arrivals, tuple(f"r{j}" for j in range(len(order)))), warmup
 
 
-def warmup_seconds(decode: DecodeCost, prompt: int, done: list[int]) -> list[float]:
+def running_progress(n_run: int, held: float, asked: int, floor: float = 0.0) -> list[int]:
+    """What each of the requests running when the window opens has generated: spread evenly over
+    [floor × held, (2 − floor) × held], whose mean is `held` (floor 0: from nothing to twice the mean;
+    opening.py raises the floor when the least advanced could not have been admitted so late)."""
+    return [min(round((floor + (k + 0.5) / n_run * 2 * (1 - floor)) * held), asked - 1) for k in range(n_run)]
+
+
+def warmup_seconds(
+    decode: DecodeCost, prompt: int, done: list[int], prefill: PrefillCost | None = None
+) -> list[float]:
     """How long before the window each running request must be sent to have generated `done` tokens by
     then: the decode steps since, each as long as the cost model says for the batch of that moment (j
-    steps before the window, the requests with at least j tokens, each holding its prompt and d − j).
-    One step time for all, the full batch's, sent them too early (log 04: 25.3 ms a step at 67
-    running, 18.4 ms at 10), and the short ones finished before the window opened."""
+    steps before the window, the requests with at least j tokens, each holding its prompt and d − j),
+    and the prefill of each request admitted since (a step that gives the running ones no token). One
+    step time for all, the full batch's, sent them too early (log 04: 25.3 ms a step at 67 running,
+    18.4 ms at 10), and the short ones finished before the window opened; without the prefills, too
+    late (log 04's replay opened with 76,767 tokens held against the log's 81,316)."""
     if not done:
         return []
     ranked = sorted(done, reverse=True)
@@ -92,18 +109,22 @@ def warmup_seconds(decode: DecodeCost, prompt: int, done: list[int]) -> list[flo
     batch = held = 0
     k = 0
     for j in range(ranked[0], 0, -1):
+        joined = 0
         while k < len(ranked) and ranked[k] >= j:  # a request that has generated j tokens is running
             batch += 1
+            joined += 1
             held += prompt + ranked[k] - j
             k += 1
         elapsed[j - 1] = decode.seconds(batch, held)
+        if joined and prefill is not None:
+            elapsed[j - 1] += prefill.seconds(joined, joined * prompt, 0)
         held += batch  # one token each for the step
     for j in range(1, len(elapsed)):
         elapsed[j] += elapsed[j - 1]
     return [elapsed[d - 1] if d > 0 else 0.0 for d in done]
 
 
-def running_lengths(rec: Reconstruction, dist: OutputLengths, done: list[int]) -> list[int]:
+def running_lengths(rec: Reconstruction, dist: OutputLengths, done: list[int], seed: int = 3) -> list[int]:
     """The whole output of each request running when the window opens, given what it has generated.
 
     As a rule, drawn from the lengths beyond its progress (lengths.py's beyond). But when the log's own
@@ -115,14 +136,16 @@ def running_lengths(rec: Reconstruction, dist: OutputLengths, done: list[int]) -
     within the budget at that mean, none finished and 74 retracted a minute against the log's 46)."""
     remaining = rec.remaining_output
     if remaining.confidence == "guess" or remaining.value <= dist.budget:
-        return [min(x, dist.budget) for x in dist.beyond(done, seed=3)]
-    left = OutputLengths(remaining.value, 1.0, NO_CAP).spread(len(done), seed=3)
+        return [min(x, dist.budget) for x in dist.beyond(done, seed=seed)]
+    left = OutputLengths(remaining.value, 1.0, NO_CAP).spread(len(done), seed=seed)
     return [max(min(d + x, dist.budget), d + 1) for d, x in zip(done, left, strict=True)]
 
 
-def run(rec: Reconstruction, label: str, overrides: dict[str, Any], budget: int | None = None) -> SimRun:
+def run(
+    rec: Reconstruction, label: str, overrides: dict[str, Any], budget: int | None = None, draw: int = 0
+) -> SimRun:
     """Simulate the reconstruction with ServerArgs fields overridden (none: the server as it was)."""
-    replay, warmup = build_replay(rec, budget)
+    replay, warmup = build_replay(rec, budget, draw)
     args = rec.server_args(**overrides)
     start = datetime.fromtimestamp(rec.start.t - warmup, tz=timezone.utc).replace(tzinfo=None)
     spec = WorkloadSpec(num_prompts=len(replay.requests), vocab_size=VOCAB)

@@ -31,7 +31,7 @@ class Stats:
     usage_bins: list[float | None]
     queue_bins: list[float | None]
     points: list[tuple[float, float | None, int | None]]  # (seconds into the window, usage, queue)
-    retracted: int = 0  # requests retracted in the window
+    retracted: float = 0  # requests retracted in the window (the mean over draws: mean_outcome)
 
 
 def _mean(xs: list[float]) -> float | None:
@@ -81,6 +81,7 @@ class Outcome:
     ttft_p99_ms: float | None
     tpot_ms: float | None
     finished: int
+    draws: int = 1  # runs averaged (mean_outcome)
 
     def row(self) -> dict[str, Any]:
         s = self.stats
@@ -104,15 +105,45 @@ def _quantile(xs: list[float], q: float) -> float | None:
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
-def outcome(rec: Reconstruction, scenario: Scenario, sim: SimRun) -> Outcome:
+def outcome(rec: Reconstruction, scenario: Scenario, sim: SimRun, judge: bool = True) -> Outcome:
+    """The scenario's figures from its run; its verdict too unless `judge` is false (a draw averaged
+    into another's, which gives the verdict: mean_outcome)."""
     done = [o for o in sim.outcomes if o.success]
     ttfts = [1000 * o.ttft for o in done]
     tpots = [1000 * (o.latency - o.ttft) / (o.output_len - 1) for o in done if o.output_len > 1]
     stats = window_stats(sim.observed, rec.window[0], rec.span_s)
-    verdict = diagnose_lines(sim.window_lines)
+    verdict = diagnose_lines(sim.window_lines) if judge else ""
     return Outcome(
         scenario, verdict, stats, _quantile(ttfts, 0.5), _quantile(ttfts, 0.99), _mean(tpots), len(done)
     )
+
+
+def _mean_or_none(xs: list[float | None]) -> float | None:
+    return _mean([x for x in xs if x is not None])
+
+
+def mean_outcome(draws: list[Outcome]) -> Outcome:
+    """One scenario simulated over several draws of what the log does not show (resimulate.py's `draw`),
+    as one: every figure the table and the replay check read is the draws' mean; the verdict and the
+    timeline drawn over the log's are the first draw's."""
+    first = draws[0]
+    stats = [o.stats for o in draws]
+    bins = len(first.stats.usage_bins)
+    mean = Stats(
+        statistics.fmean(s.retractions_per_min for s in stats),
+        _mean_or_none([s.usage_mean for s in stats]),
+        _mean_or_none([s.queue_mean for s in stats]),
+        _mean_or_none([s.throughput_mean for s in stats]),
+        [_mean_or_none([s.usage_bins[b] for s in stats]) for b in range(bins)],
+        [_mean_or_none([s.queue_bins[b] for s in stats]) for b in range(bins)],
+        first.stats.points,
+        statistics.fmean(s.retracted for s in stats),
+    )
+    return Outcome(
+        first.scenario, first.verdict, mean, _mean_or_none([o.ttft_p50_ms for o in draws]),
+        _mean_or_none([o.ttft_p99_ms for o in draws]), _mean_or_none([o.tpot_ms for o in draws]),
+        round(statistics.fmean(o.finished for o in draws)), sum(o.draws for o in draws),
+    )  # fmt: skip
 
 
 def realistic_budget(rec: Reconstruction) -> Scenario | None:

@@ -7,7 +7,7 @@ import math
 from html import escape
 from typing import Any
 
-from kvadmit.doctor.prove import Proof
+from kvadmit.doctor.prove import DRAWS, Proof
 from kvadmit.doctor.whatif import Outcome
 
 WHAT_IF_COLUMNS = (
@@ -43,7 +43,7 @@ def _vs(o: Outcome, today: Outcome, key: str) -> str:
     return f"{_cell(v)} ({100 * (v - base) / base:+.0f}%{chance})"
 
 
-def within_chance(a: int, b: int) -> bool:
+def within_chance(a: float, b: float) -> bool:
     """Two counts of retractions that differ by less than 2 √(a + b): as Poisson counts of one rate
     differ about 95% of the time, so the table cannot tell the what-if from today (log 04: 11 against 13
     retracted in its 21 s)."""
@@ -100,7 +100,9 @@ def render_proof_text(p: Proof) -> str:
         title = "What if (NOT a prediction: the replay check failed; shown for reference only)"
     out.append(title + ":")
     out += _markdown([h for h, _ in WHAT_IF_COLUMNS], table_rows(p))
-    out.append(f"  ({len(p.outcomes)} simulations in {p.seconds:.2f} s)")
+    runs = sum(o.draws for o in p.outcomes)
+    averaged = f"; one that retracts: the mean of {DRAWS} draws" if runs > len(p.outcomes) else ""
+    out.append(f"  ({len(p.outcomes)} scenarios, {runs} simulations in {p.seconds:.2f} s{averaged})")
     return "\n".join(out)
 
 
