@@ -21,6 +21,7 @@ _PROMPT = attrgetter("origin_input_ids")
 _OUTPUTS = attrgetter("output_ids")
 
 CLIENT_ABORT_MESSAGE = "Aborted by the client."
+_NO_IDS: frozenset[int] = frozenset()
 
 
 @trait
@@ -106,7 +107,7 @@ class StepResults:
         running = self.running
         # Under the overlap loop the next pass may already have merged this batch's requests into the running
         # batch (or, with mixed chunks, moved them on into the next batch): only members move its sums.
-        members = set(map(id, running.reqs)) if merged else set()
+        members = running.member_ids if merged else _NO_IDS  # (nothing below adds or drops a member)
         decoding = set(map(id, batch.decoding or ()))  # mixed chunk: decode rows are not checkpointed
         for req, token in zip(batch.reqs, tokens, strict=True):
             if req is batch.chunked or _left_in_flight(req):
