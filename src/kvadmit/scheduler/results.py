@@ -269,6 +269,7 @@ class StepResults:
         return None
 
     def _finish(self, req: Req, reason: FinishReason, outcome: StepOutcome | None) -> None:
+        self.running.settle(req)  # its owed decode slots, before the cache takes its KV
         req.finished_reason = reason
         self._finish_count += 1
         self._finish_log.append(req)

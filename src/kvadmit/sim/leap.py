@@ -104,6 +104,7 @@ class Leaper:
         self.above_rounds = min(
             (r.max_new_tokens - len(r.output_ids) - run.clip for r in run._above), default=1 << 62
         )
+        run.settle_all()  # a leap owes slots of its own, after these
         if last.reqs == run.reqs and last.kvs is not None and last.outs is not None:
             self.reqs, self.kvs, self.outs = last.reqs, last.kvs, last.outs  # the batch's own copies
         else:
