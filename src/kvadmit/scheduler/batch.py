@@ -170,13 +170,15 @@ class RunningBatch:
                 self.settle_all()
         self.kv_tokens += len(slots)  # one slot each
 
-    def settle(self, req: Req) -> None:
-        """Write the decode slots `req` is owed into its KV array (it ends: the cache takes the array)."""
+    def settle(self, req: Req, position: int = -1) -> None:
+        """Write the decode slots `req` is owed into its KV array (it ends: the cache takes the array).
+        `position`: where it is in the batch, if the caller knows (−1: found here)."""
         owed = self.owed
         key = id(req)
         if owed is None or not owed.steps or key not in self.member_ids or key in owed.done:
             return
-        i = self.reqs.index(req)
+        i = position if position >= 0 else self.reqs.index(req)
+        assert self.reqs[i] is req, "settle: the position given is not the request's"
         owed.give(self.kvs[i], i)
         owed.done.add(key)
 

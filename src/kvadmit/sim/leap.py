@@ -91,7 +91,7 @@ class Leaper:
             if self.executor.eos_due() or last.finish_stamp != s._finish_count:
                 return False
             # its result must take the fast path (the same requests, none ended since) and end none
-            if last.reqs != run.reqs or s._stop_positions(pending[1].next_token_ids):
+            if last.reqs != run.reqs or s._stop_positions(pending[1].next_token_ids, pending[1].filler):
                 return False
             self.pending_quiet = True
         elif eng.pending is not None or s.in_flight is not None or self.executor.eos_due():
