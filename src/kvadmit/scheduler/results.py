@@ -41,9 +41,7 @@ class StepResults:
     _finished_positions: list[int]  # running-batch positions of requests that ended this step
     _dropped_finishing: list[Req]
     _finish_count: int
-    # requests ended since finish count _finish_log_base (see next_batch), each with its running-batch
-    # position when it ended (−1: none), a hint to find it in a batch scheduled before its end
-    _finish_log: list[tuple[Req, int]]
+    _finish_log: list[Req]  # requests ended since finish count _finish_log_base (see next_batch)
     _finish_log_base: int
     _left_in_pass: list[Req]  # retracted or aborted by the last pass
     _stash_chunk: bool
@@ -203,15 +201,14 @@ class StepResults:
         assert batch.outs is not None
         deque(map(list.append, batch.outs, tokens), maxlen=0)
         skip: set[int] = set()
-        ended_in_batch: list[Req] = []
-        for k, (req, hint) in enumerate([*ended, *[(r, -1) for r in self._left_in_pass]]):
-            i = _position(reqs, req, hint)
-            if i is not None and k < len(ended):
-                ended_in_batch.append(req)
+        for req in [*ended, *self._left_in_pass]:
+            i = _position(reqs, req)
             if i is not None and i not in skip:
                 req.output_ids.pop()  # it left while the step was in flight: its token is dropped
                 skip.add(i)
-        running.after_decode_step(not_stepped=ended_in_batch if same else [])
+        running.after_decode_step(
+            not_stepped=[r for r in ended if _position(reqs, r) is not None] if same else []
+        )
         if self.stop_checker is not None:
             maybe = set(range(len(reqs)))
         else:
@@ -231,8 +228,8 @@ class StepResults:
                     self._finished_positions.append(at)
         self._after_decode(batch)
 
-    def _finished_since(self, stamp: int) -> list[tuple[Req, int]]:
-        """The requests that ended since the scheduler's finish count was `stamp`, with their positions."""
+    def _finished_since(self, stamp: int) -> list[Req]:
+        """The requests that ended since the scheduler's finish count was `stamp`."""
         return self._finish_log[stamp - self._finish_log_base :]
 
     def _after_decode(self, batch: ScheduledBatch) -> None:
@@ -297,7 +294,7 @@ class StepResults:
         self.running.settle(req, position)  # its owed decode slots, before the cache takes its KV
         req.finished_reason = reason
         self._finish_count += 1
-        self._finish_log.append((req, position))
+        self._finish_log.append(req)
         self._abort_rids.discard(req.rid)
         if reason.kind is FinishKind.ABORT:
             self.cache.release_req(req)
@@ -314,10 +311,8 @@ def _sum_seqlens(reqs: list[Req]) -> int:
     return sum(map(len, map(_PROMPT, reqs))) + sum(map(len, map(_OUTPUTS, reqs)))
 
 
-def _position(reqs: list[Req], req: Req, hint: int = -1) -> int | None:
-    """Where `req` is in `reqs` (by identity, at C speed), or None. `hint`: where it likely is."""
-    if 0 <= hint < len(reqs) and reqs[hint] is req:
-        return hint
+def _position(reqs: list[Req], req: Req) -> int | None:
+    """Where `req` is in `reqs` (by identity, at C speed), or None."""
     try:
         return reqs.index(req)
     except ValueError:

@@ -115,7 +115,7 @@ class Scheduler(RequestIntake, DecodeMemory, StepResults, PriorityPreemption, Mi
         self.in_flight: ScheduledBatch | None = None
         self._stash_chunk = False  # the chunked request computed a chunk since it was last checkpointed
         self._finish_count = 0  # requests ended by a result (a stamp: did any end while a batch was out)
-        self._finish_log: list[tuple[Req, int]] = []  # (request, position) ended since _finish_log_base
+        self._finish_log: list[Req] = []  # the requests ended since count _finish_log_base, in order
         self._finish_log_base = 0
         self._left_in_pass: list[Req] = []  # retracted or aborted by the latest pass
         self.forward_ct = 0  # batches launched (prefill and decode)
