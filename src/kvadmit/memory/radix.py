@@ -50,8 +50,6 @@ class MatchResult(NamedTuple):
 def _common_len(node_key: list[int], key: list[int], pos: int, end: int, page: int) -> int:
     """Length of the common prefix of node_key and key[pos:end], rounded down to a whole page."""
     n = min(len(node_key), end - pos)
-    if pos == 0 and node_key is key:  # a node keeps a prompt as its key: that prompt matches itself
-        return n - n % page
     part = key[pos : pos + n]  # one copy, compared at C speed (an equal prefix is the common case)
     if (node_key if len(node_key) == n else node_key[:n]) == part:
         return n - n % page
