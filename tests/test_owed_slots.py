@@ -20,6 +20,7 @@ from kvadmit.executor.base import StepResult
 from kvadmit.memory.radix import RadixNode
 from kvadmit.request import Req
 from kvadmit.scheduler.batch import RunningBatch
+from kvadmit.scheduler.events import Event, Preemption
 from kvadmit.scheduler.owed_slots import LIMIT, OwedSlots
 from kvadmit.scheduler.types import ScheduledBatch
 from kvadmit.sim.run import SimConfig, SimResult, simulate
@@ -72,23 +73,25 @@ def test_give_all_skips_members_already_given_their_slots() -> None:
 
 def _config(overlap: bool, variant: str) -> SimConfig:
     args = ServerArgs(
-        max_total_tokens=8_192 if variant == "retract" else 40_000,
+        max_total_tokens={"retract": 8_192, "priority": 8_000}.get(variant, 40_000),
         disable_overlap_schedule=not overlap,
         chunked_prefill_size=256 if variant == "mixed" else None,
         enable_mixed_chunk=variant == "mixed",
         enable_priority_scheduling=variant == "priority",
         priority_scheduling_preemption_threshold=1 if variant == "priority" else 10,
+        max_running_requests=16 if variant == "priority" else None,
         schedule_conservativeness=0.3 if variant == "retract" else 1.0,
     )
     retract = variant == "retract"  # (long outputs from short prompts: the running batch outgrows the pool)
+    priority = variant == "priority"  # (urgent arrivals into a full pool: running requests are preempted)
     workload = WorkloadSpec(
-        num_prompts=200 if retract else 120,
-        input_len=128 if retract else 400,
-        output_len=512 if retract else 3 * LIMIT,  # requests that live longer than LIMIT steps and shorter
+        num_prompts=200 if retract or priority else 120,
+        input_len=128 if retract else 300 if priority else 400,
+        output_len=512 if retract else 300 if priority else 3 * LIMIT,  # (outlive LIMIT steps, or not)
         range_ratio=0.5 if retract else 0.0,
         seed=11,
         ignore_eos=False,
-        priority_mix=((0, 0.5), (10, 0.5)) if variant == "priority" else None,
+        priority_mix=((0, 1.0), (5, 1.0), (10, 1.0)) if priority else None,
     )
     return SimConfig(
         args=args,
@@ -110,15 +113,20 @@ def _tree(root: RadixNode) -> list[tuple[int, bytes]]:
     return found
 
 
-def _run(cfg: SimConfig, observe_steps: bool) -> tuple[SimResult, str]:
+def _run(cfg: SimConfig, observe_steps: bool, preempted: list[Event]) -> tuple[SimResult, str]:
     log: list[str] = []
     steps = io.StringIO()
 
     def watch(batch: ScheduledBatch, result: StepResult, now: float) -> None:
         pass  # an outside step observer: the run writes every slot at once
 
+    def note(event: Event, now: float) -> None:
+        if isinstance(event, Preemption):
+            preempted.append(event)
+
+    watch_steps = (watch,) if observe_steps else ()
     result = simulate(
-        cfg, emit_log=log.append, step_trace=steps, watch_steps=(watch,) if observe_steps else ()
+        cfg, emit_log=log.append, step_trace=steps, watch_steps=watch_steps, watch_events=(note,)
     )
     return result, "\n".join(log) + steps.getvalue()
 
@@ -127,8 +135,9 @@ def _run(cfg: SimConfig, observe_steps: bool) -> tuple[SimResult, str]:
 @pytest.mark.parametrize("variant", ["plain", "retract", "mixed", "priority"])
 def test_deferred_slots_are_the_slots_appending_gives(overlap: bool, variant: str) -> None:
     cfg = _config(overlap, variant)
-    deferred, deferred_out = _run(cfg, observe_steps=False)
-    direct, direct_out = _run(cfg, observe_steps=True)
+    preempted: list[Event] = []
+    deferred, deferred_out = _run(cfg, observe_steps=False, preempted=preempted)
+    direct, direct_out = _run(cfg, observe_steps=True, preempted=[])
     assert deferred.scheduler._defer_slots and not direct.scheduler._defer_slots
     assert deferred_out == direct_out
     d, s = deferred.scheduler, direct.scheduler
@@ -137,6 +146,8 @@ def test_deferred_slots_are_the_slots_appending_gives(overlap: bool, variant: st
     assert len(_tree(d.cache.root)) > 10, "the cache kept requests' slots: the comparison is not vacuous"
     if variant == "retract":
         assert deferred.retractions > 0
+    if variant == "priority":
+        assert preempted, "no running request was preempted: the comparison proves less than it says"
 
 
 def test_a_member_given_its_slots_when_it_ended_is_not_given_them_again_when_it_leaves() -> None:
