@@ -113,6 +113,7 @@ def test_the_mixins_method_stubs_never_shadow_the_real_methods() -> None:
     assert done.stdout.splitlines() == [
         "DecodeMemory _enqueue RequestIntake._enqueue",
         "DecodeMemory _alloc_kv Scheduler._alloc_kv",
+        "DecodeMemory _new_running_batch Scheduler._new_running_batch",
         "PriorityPreemption _release DecodeMemory._release",
         "PriorityPreemption _enqueue RequestIntake._enqueue",
         "MixedChunk _drop_finished Scheduler._drop_finished",

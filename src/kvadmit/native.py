@@ -45,6 +45,7 @@ COMPILED: tuple[str, ...] = (
     "kvadmit.scheduler.invariants",
     "kvadmit.scheduler.mixed_chunk",
     "kvadmit.scheduler.ordering",
+    "kvadmit.scheduler.owed_slots",
     "kvadmit.scheduler.output_budget",
     "kvadmit.scheduler.policy",
     "kvadmit.scheduler.preemption",

@@ -11,6 +11,9 @@ from kvadmit.scheduler.types import ScheduledBatch
 class StepResult(NamedTuple):
     next_token_ids: list[int]  # one per request, in batch order
     seconds: float  # the step's duration (predicted or measured)
+    # (a token id, the positions whose token is not it), where the executor knows (the simulated one's
+    # decode steps): the scheduler then looks for stop tokens at those positions only
+    filler: tuple[int, list[int]] | None = None
 
 
 class Executor(Protocol):

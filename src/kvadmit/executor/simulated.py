@@ -34,12 +34,12 @@ class SimulatedExecutor:
     def run(self, batch: ScheduledBatch) -> StepResult:
         if batch.kind == "prefill":
             return self._run_prefill(batch)
-        tokens = self._decode_tokens(batch.reqs)
+        tokens, eos_at = self._decode_tokens(batch.reqs)
         kv = 0
         if self.cost.decode.needs_kv_tokens:
             # The KV the batch holds: the scheduler's running sum (summing here was a sixth of a long run)
             kv = batch.kv_tokens if batch.kv_tokens >= 0 else sum(map(len, map(_KV, batch.reqs)))
-        return StepResult(tokens, self.cost.decode.seconds(len(batch.reqs), kv))
+        return StepResult(tokens, self.cost.decode.seconds(len(batch.reqs), kv), (TEXT_TOKEN_ID, eos_at))
 
     def eos_due(self) -> bool:
         """Does the next decode step end a request (an EOS filed for it that still counts)?"""
@@ -55,15 +55,19 @@ class SimulatedExecutor:
         self._decode_steps += 1
         return self.cost.decode.seconds(batch_size, kv_tokens if self.cost.decode.needs_kv_tokens else 0)
 
-    def _decode_tokens(self, reqs: list[Req]) -> list[int]:
-        """One decode step's tokens (a decode batch, or a mixed chunk's decode rows): EOS where it is due."""
+    def _decode_tokens(self, reqs: list[Req]) -> tuple[list[int], list[int]]:
+        """One decode step's tokens (a decode batch, or a mixed chunk's decode rows): EOS where it is due;
+        and the positions of the EOS tokens (every other token is TEXT_TOKEN_ID)."""
         step = self._decode_steps
         self._decode_steps += 1
         tokens = [TEXT_TOKEN_ID] * len(reqs)
+        eos_at: list[int] = []
         for req, retractions in self._due.pop(step, ()):
             if req.retraction_count == retractions and req.finished_reason is None:
-                tokens[reqs.index(req)] = self.eos
-        return tokens
+                i = reqs.index(req)
+                tokens[i] = self.eos
+                eos_at.append(i)
+        return tokens, eos_at
 
     def _run_prefill(self, batch: ScheduledBatch) -> StepResult:
         rows = batch.reqs
@@ -73,7 +77,7 @@ class SimulatedExecutor:
             # step, before the new requests' next tokens are filed). Its cost: one more new token each,
             # attending to its KV, in the prefill's time.
             rows = batch.reqs[: len(batch.reqs) - len(batch.decoding)]
-            decode_tokens = self._decode_tokens(batch.decoding)
+            decode_tokens = self._decode_tokens(batch.decoding)[0]
         tokens = self._prefill_tokens(batch, rows) + decode_tokens
         new = sum(r.extend_input_len for r in rows) + len(decode_tokens)
         cached = sum(r.prefix_len for r in rows) + sum(len(r.kv) - 1 for r in batch.decoding or ())

@@ -49,6 +49,8 @@ class Replica:
         self.scheduler = Scheduler(
             cfg.args, context_len=cfg.context_len, eos_token_ids=frozenset({EOS_TOKEN_ID})
         )
+        if not watch_steps:  # (an outside step observer may read the requests' KV arrays)
+            self.scheduler.defer_decode_slots()
         self.clock = VirtualClock(0.0)
         self.client = SimClient(None, self.clock, cfg.workload.vocab_size, None, 0.0)
         executor = SimulatedExecutor(cfg.cost, self.client.true_output_len)

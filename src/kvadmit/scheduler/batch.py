@@ -8,12 +8,11 @@ holds back (docs/sglang-rules.md §1.3, confirmed in the scheduler's code). This
 from __future__ import annotations
 
 import heapq
-from typing import TYPE_CHECKING
+from array import array
+from collections import deque
 
 from kvadmit.request import Req
-
-if TYPE_CHECKING:
-    from array import array
+from kvadmit.scheduler.owed_slots import LIMIT, OwedSlots
 
 # Relative error of one floating-point operation, doubled for safety (2^-52 rather than 2^-53).
 _ULP = 2.0**-52
@@ -44,12 +43,17 @@ class RunningBatch:
         "full_for_ignore_eos",
         "kv_tokens",
         "kvs",
+        "member_ids",
         "outs",
+        "owed",
         "priority_counts",
         "reqs",
     )
 
-    def __init__(self, clip: int, full_for_ignore_eos: bool, reqs: list[Req] | None = None) -> None:
+    def __init__(
+        self, clip: int, full_for_ignore_eos: bool, reqs: list[Req] | None = None, defer_slots: bool = False
+    ) -> None:
+        """`defer_slots` (page size 1 only): keep decode steps' slots owed until read (owed_slots.py)."""
         self.clip = clip
         self.full_for_ignore_eos = full_for_ignore_eos
         self.batch_is_full = False
@@ -57,6 +61,9 @@ class RunningBatch:
         # Parallel to reqs, for the decode step's C-speed appends: each request's output and KV lists.
         self.outs: list[list[int]] = []
         self.kvs: list[array[int]] = []
+        # id() of each member, kept as requests join and leave: "is it in the batch?" in O(1), where a set
+        # built from the 512 members was about 25 µs a prefill result.
+        self.member_ids: set[int] = set()
         # Σ len(kv) over the batch: the KV a decode step's attention reads (the cost model's K), kept
         # as requests join and leave and as each decode step gives each of them a slot.
         self.kv_tokens = 0
@@ -71,6 +78,7 @@ class RunningBatch:
         self._pushed = 0
         # How many members hold each priority (priority scheduling): the least urgent member in O(#values).
         self.priority_counts: dict[int, int] = {}
+        self.owed: OwedSlots | None = OwedSlots() if defer_slots else None
         if reqs:
             self.extend(reqs)
 
@@ -97,6 +105,7 @@ class RunningBatch:
             if req.priority is not None:
                 counts[req.priority] = counts.get(req.priority, 0) + 1
             self.reqs.append(req)
+            self.member_ids.add(id(req))
             self.outs.append(req.output_ids)
             self.kvs.append(req.kv)
             self.kv_tokens += len(req.kv)
@@ -112,7 +121,9 @@ class RunningBatch:
 
     def replace(self, reqs: list[Req]) -> None:
         """Keep exactly `reqs`, in this order (after filtering or retraction)."""
+        self.settle_all()
         self.reqs, self.outs, self.kvs = [], [], []
+        self.member_ids = set()
         self.kv_tokens = 0
         self._sum_full = self._sum_ratio = self._n_full = 0
         self._above = []
@@ -123,13 +134,21 @@ class RunningBatch:
     def drop_at(self, positions: list[int]) -> None:
         """Remove the requests at these positions (ascending), taking their terms out of the sums."""
         gone: set[int] = set()
+        owed = self.owed if self.owed is not None and self.owed.steps else None
         for i in reversed(positions):
             req = self.reqs[i]
+            if owed is not None:  # its owed slots: written now, unless it was given them when it ended
+                if id(req) in owed.done:
+                    owed.done.discard(id(req))
+                else:
+                    owed.give(self.kvs[i], i)
+                owed.forget(i)
             self._count(req, -1)
             # kvs[i] is the array it decoded into (a request that ended has a new, empty req.kv)
             self.kv_tokens -= len(self.kvs[i])
             del self.reqs[i], self.outs[i], self.kvs[i]
             gone.add(id(req))
+            self.member_ids.discard(id(req))
             if req.priority is not None:
                 left = self.priority_counts[req.priority] - 1
                 if left:
@@ -138,6 +157,36 @@ class RunningBatch:
                     del self.priority_counts[req.priority]
         if self._above:
             self._above = [r for r in self._above if id(r) not in gone]
+
+    def give_decode_slots(self, slots: array[int]) -> None:
+        """A decode step's slots, one per member in batch order (page size 1): appended to each member's
+        KV array now, or kept owed (owed_slots.py) until something reads the arrays."""
+        owed = self.owed
+        if owed is None:
+            deque(map(array.append, self.kvs, slots), maxlen=0)
+        else:
+            owed.steps.append(slots)
+            if len(owed.steps) >= LIMIT:
+                self.settle_all()
+        self.kv_tokens += len(slots)  # one slot each
+
+    def settle(self, req: Req, position: int = -1) -> None:
+        """Write the decode slots `req` is owed into its KV array (it ends: the cache takes the array).
+        `position`: where it is in the batch, if the caller knows (−1: found here)."""
+        owed = self.owed
+        key = id(req)
+        if owed is None or not owed.steps or key not in self.member_ids or key in owed.done:
+            return
+        i = position if position >= 0 else self.reqs.index(req)
+        assert self.reqs[i] is req, "settle: the position given is not the request's"
+        owed.give(self.kvs[i], i)
+        owed.done.add(key)
+
+    def settle_all(self) -> None:
+        """Write every member's owed decode slots into its KV array (before anything reads the arrays)."""
+        owed = self.owed
+        if owed is not None and owed.steps:
+            owed.give_all(self.kvs, list(map(id, self.reqs)) if owed.done else [])
 
     def append_output(self, req: Req, token: int) -> None:
         """A member got an output token outside a decode step (under the overlap loop, the first token
@@ -167,7 +216,7 @@ class RunningBatch:
             stack += (2 * i + 1, 2 * i + 2)
         if not found:
             return []
-        members = set(map(id, self.reqs))  # entries of requests that left the batch stay in the heap
+        members = self.member_ids  # entries of requests that left the batch stay in the heap
         return [r for k, r in found.items() if k in members]
 
     def after_decode_step(self, not_stepped: list[Req] | None = None) -> None:

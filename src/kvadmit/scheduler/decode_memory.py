@@ -5,8 +5,6 @@ StepResults; the state it reads belongs to Scheduler."""
 
 from __future__ import annotations
 
-from array import array
-from collections import deque
 from typing import Final
 
 from kvadmit.config import SchedulerKnobs, VersionProfile
@@ -61,12 +59,24 @@ class DecodeMemory:
     in_flight: ScheduledBatch | None
     _left_in_pass: list[Req]
     _dropped_finishing: list[Req]
+    _defer_slots: bool
 
     def _enqueue(self, req: Req, front: bool = False) -> bool:  # RequestIntake's, earlier in the MRO
         raise NotImplementedError
 
     def _alloc_kv(self, req: Req, n: int) -> None:  # Scheduler's, earlier in the MRO
         raise NotImplementedError
+
+    def _new_running_batch(self, reqs: list[Req] | None = None) -> RunningBatch:  # Scheduler's
+        raise NotImplementedError
+
+    def defer_decode_slots(self) -> None:
+        """Page size 1: keep each decode step's slots owed and write them into the requests' KV arrays
+        only when something reads them (scheduler/owed_slots.py). For an executor that reads no slot id
+        and step observers that read no KV array (the simulator's); call before the first request."""
+        if self.page_size == 1 and not self.running.reqs:
+            self._defer_slots = True
+            self.running = self._new_running_batch()
 
     def check_decode_or_retract(
         self, finishing_in_flight: bool = False
@@ -138,6 +148,7 @@ class DecodeMemory:
 
     def _release(self, req: Req) -> None:
         """Free a request's own KV (no caching) and its request slot."""
+        self.running.settle_all()  # (a retraction or preemption: every member's slots, before any leaves)
         self.cache.release_req(req)
         self.req_slots.free()
 
@@ -165,11 +176,10 @@ class DecodeMemory:
         """SGLang's prepare_for_decode: one more slot for each running request."""
         running = self.running
         if self.page_size == 1:
-            slots = self.pool.alloc_decode(len(running.reqs))
-            deque(map(array.append, running.kvs, slots), maxlen=0)
-        else:
-            # SGLang over-estimates the step: it evicts as if every request needed a fresh page.
-            evict_for(self.cache, self.pool, len(running.reqs) * self.page_size)
-            for req in running.reqs:
-                self._alloc_kv(req, 1)
+            running.give_decode_slots(self.pool.alloc_decode(len(running.reqs)))
+            return
+        # SGLang over-estimates the step: it evicts as if every request needed a fresh page.
+        evict_for(self.cache, self.pool, len(running.reqs) * self.page_size)
+        for req in running.reqs:
+            self._alloc_kv(req, 1)
         running.kv_tokens += len(running.reqs)  # one slot each

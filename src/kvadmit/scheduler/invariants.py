@@ -13,6 +13,7 @@ if TYPE_CHECKING:
 def check_invariants(sched: Scheduler) -> None:
     """docs/architecture.md's pool accounting: free + evictable + locked + held by requests == pool
     size."""
+    sched.running.settle_all()  # (owed decode slots: written out, as reading the arrays does)
     held_pages = 0
     live = {id(r): r for r in sched.running.reqs if not r.finished}
     if sched.chunked_req is not None:

@@ -56,6 +56,7 @@ class MixedChunk:
         if not running.reqs or not check_decode_mem(running.reqs, self.cache, self.pool, self.page_size):
             return batch
         self.alloc_decode_slots()
+        running.settle_all()  # the batch hands its members' KV arrays on
         decoding = list(running.reqs)
         kvs = [r.kv for r in batch.reqs] + list(running.kvs)
         self.running = self._new_running_batch()

@@ -21,6 +21,7 @@ _PROMPT = attrgetter("origin_input_ids")
 _OUTPUTS = attrgetter("output_ids")
 
 CLIENT_ABORT_MESSAGE = "Aborted by the client."
+_NO_IDS: frozenset[int] = frozenset()
 
 
 @trait
@@ -81,8 +82,11 @@ class StepResults:
         """SGLang's `#token`: pool − (available + evictable); evictable cache does not count as used."""
         return self.max_total_num_tokens - (self.pool.available_size() + self.cache.evictable_size())
 
-    def on_batch_done(self, batch: ScheduledBatch, next_token_ids: list[int]) -> StepOutcome:
-        """Apply the executor's sampled tokens (one per request, in batch order)."""
+    def on_batch_done(
+        self, batch: ScheduledBatch, next_token_ids: list[int], filler: tuple[int, list[int]] | None = None
+    ) -> StepOutcome:
+        """Apply the executor's sampled tokens (one per request, in batch order). `filler`, if the executor
+        knows it: a token id and the positions whose token is not that id (_stop_positions)."""
         if len(next_token_ids) != len(batch.reqs):
             raise ValueError(f"expected {len(batch.reqs)} tokens, got {len(next_token_ids)}")
         outcome = StepOutcome()
@@ -95,9 +99,9 @@ class StepResults:
         if batch.kind == "prefill":
             self._process_prefill(batch, next_token_ids, outcome, merged=passed)
         elif self.running.reqs == batch.reqs and self._finish_count == batch.finish_stamp:
-            self._process_decode(batch, next_token_ids, outcome)
+            self._process_decode(batch, next_token_ids, outcome, filler)
         else:
-            self._process_decode_lagged(batch, next_token_ids, outcome)
+            self._process_decode_lagged(batch, next_token_ids, outcome, filler)
         return outcome
 
     def _process_prefill(
@@ -106,7 +110,7 @@ class StepResults:
         running = self.running
         # Under the overlap loop the next pass may already have merged this batch's requests into the running
         # batch (or, with mixed chunks, moved them on into the next batch): only members move its sums.
-        members = set(map(id, running.reqs)) if merged else set()
+        members = running.member_ids if merged else _NO_IDS  # (nothing below adds or drops a member)
         decoding = set(map(id, batch.decoding or ()))  # mixed chunk: decode rows are not checkpointed
         for req, token in zip(batch.reqs, tokens, strict=True):
             if req is batch.chunked or _left_in_flight(req):
@@ -118,9 +122,10 @@ class StepResults:
                 req.output_ids.append(token)
             reason = self._check_finished(req, token)
             if reason is not None:
-                self._finish(req, reason, outcome)
+                at = running.reqs.index(req) if member else -1
+                self._finish(req, reason, outcome, at)
                 if member:
-                    self._finished_positions.append(running.reqs.index(req))
+                    self._finished_positions.append(at)
             elif id(req) not in decoding:
                 self.cache.cache_unfinished_req(req, req.fill_len)
         assert batch.stats is not None
@@ -145,7 +150,13 @@ class StepResults:
         """End a request the client aborted outside a step's result (the chunked request)."""
         self._finish(req, FinishReason(FinishKind.ABORT, CLIENT_ABORT_MESSAGE, 499), None)
 
-    def _process_decode(self, batch: ScheduledBatch, tokens: list[int], outcome: StepOutcome) -> None:
+    def _process_decode(
+        self,
+        batch: ScheduledBatch,
+        tokens: list[int],
+        outcome: StepOutcome,
+        filler: tuple[int, list[int]] | None,
+    ) -> None:
         # The hot path of a decode step: one token per running request, appended at C speed; the finish
         # check runs only for requests that may have finished (length reached, a stop token, an abort,
         # or every request when a stop-string checker is set). Batch order is kept throughout.
@@ -158,7 +169,7 @@ class StepResults:
         if self.stop_checker is not None:
             maybe = range(len(reqs))
         else:
-            candidates = running.reached_length() + self._stop_positions(tokens)
+            candidates = running.reached_length() + self._stop_positions(tokens, filler)
             if self._abort_rids:
                 candidates += [i for i, r in enumerate(reqs) if r.rid in self._abort_rids]
             maybe = sorted(set(candidates))
@@ -166,11 +177,17 @@ class StepResults:
             req = reqs[i]
             reason = self._check_finished(req, tokens[i])
             if reason is not None:
-                self._finish(req, reason, outcome)
+                self._finish(req, reason, outcome, i)
                 self._finished_positions.append(i)
         self._after_decode(batch)
 
-    def _process_decode_lagged(self, batch: ScheduledBatch, tokens: list[int], outcome: StepOutcome) -> None:
+    def _process_decode_lagged(
+        self,
+        batch: ScheduledBatch,
+        tokens: list[int],
+        outcome: StepOutcome,
+        filler: tuple[int, list[int]] | None,
+    ) -> None:
         """A decode result under the overlap loop after the running batch changed: some of the batch's
         requests were retracted, ended or dropped (finishing by length) since it was scheduled. Those
         retracted or ended get nothing; the running batch is a subset of the batch, and each of its
@@ -197,7 +214,7 @@ class StepResults:
         else:
             due = [running.reqs[j] for j in running.reached_length()]
             maybe = {i for r in [*due, *self._dropped_finishing] if (i := _position(reqs, r)) is not None}
-            maybe.update(self._stop_positions(tokens))
+            maybe.update(self._stop_positions(tokens, filler))
             if self._abort_rids:
                 maybe.update(i for i, r in enumerate(reqs) if r.rid in self._abort_rids)
         dropped = set(map(id, self._dropped_finishing))
@@ -205,8 +222,8 @@ class StepResults:
             req = reqs[i]
             reason = self._check_finished(req, tokens[i])
             if reason is not None:
-                self._finish(req, reason, outcome)
                 at = i if same else _position(running.reqs, req)
+                self._finish(req, reason, outcome, -1 if at is None else at)
                 if id(req) not in dropped and at is not None:  # (a mixed chunk may have taken it on)
                     self._finished_positions.append(at)
         self._after_decode(batch)
@@ -233,10 +250,13 @@ class StepResults:
             )
             self._generated_since_log = 0
 
-    def _stop_positions(self, tokens: list[int]) -> list[int]:
+    def _stop_positions(self, tokens: list[int], filler: tuple[int, list[int]] | None = None) -> list[int]:
         """Positions of `tokens` that are a stop token id of any request. With a few stop ids (EOS and
-        the like), C-speed scans for each beat hashing every token of the batch."""
+        the like), C-speed scans for each beat hashing every token of the batch. `filler` (a token id,
+        the positions whose token is not it): if that id stops no request, only those positions can."""
         union = self._stop_token_union
+        if filler is not None and filler[0] not in union:
+            return [i for i in filler[1] if tokens[i] in union]
         found: list[int] = []
         for stop in union if len(union) <= 4 else union.intersection(tokens):
             found += _positions(tokens, stop)
@@ -267,7 +287,11 @@ class StepResults:
                 return FinishReason(FinishKind.STOP, matched=matched)
         return None
 
-    def _finish(self, req: Req, reason: FinishReason, outcome: StepOutcome | None) -> None:
+    def _finish(
+        self, req: Req, reason: FinishReason, outcome: StepOutcome | None, position: int = -1
+    ) -> None:
+        """End `req`; `position`: where it is in the running batch, if known (−1: not known, or not in it)."""
+        self.running.settle(req, position)  # its owed decode slots, before the cache takes its KV
         req.finished_reason = reason
         self._finish_count += 1
         self._finish_log.append(req)

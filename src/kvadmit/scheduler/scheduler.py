@@ -106,6 +106,7 @@ class Scheduler(RequestIntake, DecodeMemory, StepResults, PriorityPreemption, Mi
         self.order = QueueOrder(args.schedule_policy, self.cache, args.random_seed, self.prio)
 
         self.waiting: list[Req] = []
+        self._defer_slots = False  # decode slots kept owed until read (defer_decode_slots)
         self.running = self._new_running_batch()
         self.chunked_req: Req | None = None
         self.last_batch: ScheduledBatch | None = None
@@ -133,8 +134,9 @@ class Scheduler(RequestIntake, DecodeMemory, StepResults, PriorityPreemption, Mi
 
     def _new_running_batch(self, reqs: list[Req] | None = None) -> RunningBatch:
         return RunningBatch(
-            self.knobs.clip_max_new_tokens_estimation, self.profile.ignore_eos_reserves_in_full, reqs
-        )
+            self.knobs.clip_max_new_tokens_estimation, self.profile.ignore_eos_reserves_in_full, reqs,
+            self._defer_slots,
+        )  # fmt: skip
 
     # ===== one scheduling pass ==================================================================
     def next_batch(self) -> ScheduledBatch | None:

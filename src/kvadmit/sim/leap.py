@@ -91,7 +91,7 @@ class Leaper:
             if self.executor.eos_due() or last.finish_stamp != s._finish_count:
                 return False
             # its result must take the fast path (the same requests, none ended since) and end none
-            if last.reqs != run.reqs or s._stop_positions(pending[1].next_token_ids):
+            if last.reqs != run.reqs or s._stop_positions(pending[1].next_token_ids, pending[1].filler):
                 return False
             self.pending_quiet = True
         elif eng.pending is not None or s.in_flight is not None or self.executor.eos_due():
@@ -104,6 +104,7 @@ class Leaper:
         self.above_rounds = min(
             (r.max_new_tokens - len(r.output_ids) - run.clip for r in run._above), default=1 << 62
         )
+        run.settle_all()  # a leap owes slots of its own, after these
         if last.reqs == run.reqs and last.kvs is not None and last.outs is not None:
             self.reqs, self.kvs, self.outs = last.reqs, last.kvs, last.outs  # the batch's own copies
         else:

@@ -112,6 +112,8 @@ def _simulate(
     else:
         (specs, rng), offsets = build_workload(cfg.workload), None
     scheduler = Scheduler(cfg.args, context_len=cfg.context_len, eos_token_ids=frozenset({EOS_TOKEN_ID}))
+    if not watch_steps:  # (an outside step observer may read the requests' KV arrays)
+        scheduler.defer_decode_slots()
     clock = VirtualClock(0.0)  # seconds since cfg.start (small numbers keep full float precision)
     client = SimClient(None, clock, cfg.workload.vocab_size, cfg.max_concurrency, cfg.request_latency_s)
     executor = SimulatedExecutor(cfg.cost, client.true_output_len)
