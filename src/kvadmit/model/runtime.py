@@ -76,6 +76,7 @@ def load_model(
     quantization: str | None = None,
 ) -> LoadedModel:
     from kvadmit.model.device import default_device, resolve_dtype
+    from kvadmit.model.heap import map_large_blocks, return_freed_memory
     from kvadmit.model.loading import check_quantization, load_hf_folder
     from kvadmit.model.quant import NO_QUANTIZATION
     from kvadmit.model.sizing import available_bytes, default_mem_fraction, kv_bytes_per_token, pool_tokens
@@ -83,11 +84,14 @@ def load_model(
 
     device = device or default_device()
     check_quantization(quantization, device)
+    if device == "cpu":
+        map_large_blocks()  # (heap.py: the freed activations' pages go back to the system)
     torch_dtype = resolve_dtype(dtype, device, quantized=quantization not in NO_QUANTIZATION)
     folder = resolve_model_path(model_path)
     tok_path = tokenizer_path or str(folder)
     tokenizer = load_tokenizer(tok_path)
     model = load_hf_folder(folder, torch_dtype, device, quantization=quantization)
+    return_freed_memory()  # the tokenizer's and the loader's garbage
     available = available_bytes(device)
     if max_total_tokens is None:
         cfg = model.cfg
