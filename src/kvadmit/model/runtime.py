@@ -76,7 +76,7 @@ def load_model(
     quantization: str | None = None,
 ) -> LoadedModel:
     from kvadmit.model.device import default_device, resolve_dtype
-    from kvadmit.model.heap import map_large_blocks, return_freed_memory
+    from kvadmit.model.heap import return_freed_memory
     from kvadmit.model.loading import check_quantization, load_hf_folder
     from kvadmit.model.quant import NO_QUANTIZATION
     from kvadmit.model.sizing import available_bytes, default_mem_fraction, kv_bytes_per_token, pool_tokens
@@ -84,8 +84,6 @@ def load_model(
 
     device = device or default_device()
     check_quantization(quantization, device)
-    if device == "cpu":
-        map_large_blocks()  # (heap.py: the freed activations' pages go back to the system)
     torch_dtype = resolve_dtype(dtype, device, quantized=quantization not in NO_QUANTIZATION)
     folder = resolve_model_path(model_path)
     tok_path = tokenizer_path or str(folder)
