@@ -2,7 +2,8 @@
 (costmodel/data/) and named like a roofline preset, HARDWARE:MODEL:
 
     cpu-int4:smollm2-135m   the default model with int4 weights on the CPU executor, decoding eagerly
-                            (`make serve` also compiles decode: not measured as a preset)
+                            (`make serve` also compiles decode: not measured as a preset; why:
+                            docs/simulate.md, "No compiled-executor preset")
 
 Each file has a `.log` next to it: the command, the machine, the date, its load and the profile's own
 measurements as it printed them. A measured preset takes no options: it is what was measured, nothing
