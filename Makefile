@@ -53,7 +53,7 @@ lint: $(STAMP)
 # output token in a single stream against eager int4's 25.4 (llama.cpp 20.7), 21.1 against 26.0 for 16
 # concurrent requests. The price: the first start on a machine compiles for about 2 minutes (the log says
 # so), later starts load the graphs from ~/.cache/kvadmit/torchinductor in ~20 s, and the server peaks
-# ~200 MB higher (980 against 773 MB in that benchmark). To start in seconds instead:
+# ~190 MB higher (895 against 707 MB in its 09:03 run). To start in seconds instead:
 # make serve SERVE_DEFAULTS="--quantization int4". On a GPU: SERVE_DEFAULTS= (int4 is CPU only).
 SERVE_DEFAULTS ?= --quantization int4 --enable-torch-compile
 serve: $(STAMP)

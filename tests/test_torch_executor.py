@@ -158,11 +158,15 @@ def test_the_overlap_loop_and_mixed_chunks_keep_the_real_models_greedy_text(
 
 def test_compiled_decode_gives_the_same_greedy_outputs(tiny: tuple[object, Path]) -> None:
     """--enable-torch-compile with max-bs 2: three requests decode eagerly while all three run, then
-    through the compiled graphs for two and for one; every output equals transformers' greedy one."""
+    through the compiled graphs for two and for one; every output equals transformers' greedy one, and
+    serving compiles nothing beyond the warm-up's two graphs."""
+    from torch._dynamo.utils import counters
+
     ref, folder = tiny
     sched = Scheduler(ServerArgs(max_total_tokens=512, chunked_prefill_size=64), context_len=512)
     executor = TorchExecutor(load_hf_folder(folder), sched.pool.size, compile_max_bs=2)
     assert executor.compiled is not None
+    graphs_after_warm_up = counters["stats"]["unique_graphs"]
     graph, sizes = executor.compiled._graph, []
 
     def counting(fb: ForwardBatch, kv_pool: list[torch.Tensor]) -> torch.Tensor:
@@ -174,6 +178,8 @@ def test_compiled_decode_gives_the_same_greedy_outputs(tiny: tuple[object, Path]
     outputs = scheduled_outputs(executor, lengths)
     assert outputs == [greedy(ref, p, n) for p, n in zip(PROMPTS, lengths, strict=True)]
     assert set(sizes) == {1, 2}  # (the start-up warm-up compiled both; three at once ran eagerly)
+    # (a warm-up outside inference mode left both graphs guarded on it: each size compiled again here)
+    assert counters["stats"]["unique_graphs"] == graphs_after_warm_up
 
 
 def scheduled_outputs(executor: TorchExecutor, lengths: list[int]) -> list[list[int]]:

@@ -1,8 +1,10 @@
 """Measured presets: cost models that `kvadmit profile` measured on a named machine, shipped in the package
 (costmodel/data/) and named like a roofline preset, HARDWARE:MODEL:
 
-    cpu-int4:smollm2-135m   the default model with int4 weights on the CPU executor, decoding eagerly
-                            (`make serve` also compiles decode: not measured as a preset)
+    cpu-int4:smollm2-135m           the default model with int4 weights on the CPU executor, decoding
+                                    eagerly (`make serve SERVE_DEFAULTS="--quantization int4"`)
+    cpu-int4-compiled:smollm2-135m  the same with compiled decode (`make serve`'s default: --quantization
+                                    int4 --enable-torch-compile), the mean of two profile runs
 
 Each file has a `.log` next to it: the command, the machine, the date, its load and the profile's own
 measurements as it printed them. A measured preset takes no options: it is what was measured, nothing
@@ -38,6 +40,13 @@ MEASURED: tuple[MeasuredPreset, ...] = (
         "cpu-int4_smollm2-135m.json",
         "kvadmit profile --quantization int4 of SmolLM2-135M-Instruct (eager decode), on 2 shared "
         "Intel Xeon cores (AVX512-BF16, AMX), 2026-12-02",
+    ),
+    MeasuredPreset(
+        "cpu-int4-compiled",
+        "smollm2-135m",
+        "cpu-int4-compiled_smollm2-135m.json",
+        "kvadmit profile --quantization int4 --enable-torch-compile of SmolLM2-135M-Instruct (make serve's "
+        "executor), the mean of two runs on 2 shared Intel Xeon cores (AVX512-BF16, AMX), 2026-12-02",
     ),
 )
 MEASURED_HARDWARE = frozenset(p.hardware for p in MEASURED)

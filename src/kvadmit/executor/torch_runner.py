@@ -20,6 +20,7 @@ from kvadmit.executor.base import StepResult
 from kvadmit.executor.prefill_passes import PASS_TOKENS, Piece, split_passes
 from kvadmit.model.compiled import CompiledDecode
 from kvadmit.model.forward_batch import ForwardBatch, Sequence
+from kvadmit.model.heap import return_freed_memory
 from kvadmit.model.llama import CausalLM
 from kvadmit.model.sampling import Sampler, token_logprob
 from kvadmit.scheduler.types import ScheduledBatch
@@ -121,6 +122,8 @@ class TorchExecutor:
     def run(self, batch: ScheduledBatch) -> StepResult:
         start = time.perf_counter()
         logits = self.logits(batch).float()  # exact; and argmax over bf16 is slow on CPU
+        if batch.kind == "prefill" and self.model.device.type == "cpu":
+            return_freed_memory()  # its activations' heap pages (model/heap.py)
         tokens = logits.argmax(dim=-1).tolist()  # the step's one device-to-host sync
         for i, req in enumerate(batch.reqs):
             if not req.params.greedy:  # drawn on the CPU, where the per-request generators live

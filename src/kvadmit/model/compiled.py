@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from kvadmit.model.cpu_pack import return_freed_memory
 from kvadmit.model.forward_batch import ForwardBatch
+from kvadmit.model.heap import return_freed_memory
 
 if TYPE_CHECKING:
     from kvadmit.model.llama import CausalLM
@@ -90,13 +90,22 @@ class CompiledDecode:
 
     def warm_up(self, kv_pool: list[torch.Tensor]) -> None:
         """Compile both graphs now: a batch of one and of two sequences, two tokens of context each, all in
-        slot 0 (the padding slot, whose contents only need to stay finite)."""
+        slot 0 (the padding slot, whose contents only need to stay finite). In inference mode, as the
+        executor runs: dynamo guards on it (warmed up outside it, the first real single-sequence batch and
+        the first real larger one each compiled a graph again, while serving)."""
         log.info(
             "--enable-torch-compile: compiling the decode graphs (batches of 1 and 2..%d sequences); the "
             "first start on a machine takes minutes, later ones read inductor's cache in %s",
             self.max_bs, self.cache,
         )  # fmt: skip
         began = time.monotonic()
+        with torch.inference_mode():
+            self._warm_up_batches(kv_pool)
+        gc.collect()  # the compiler's garbage, and the heap it freed back to the system: the server then
+        return_freed_memory()  # holds ~20-40 MB less (measured in process, default model)
+        log.info("--enable-torch-compile: decode graphs ready in %.0f s", time.monotonic() - began)
+
+    def _warm_up_batches(self, kv_pool: list[torch.Tensor]) -> None:
         device = self.model.device
         for b in sorted({1, min(2, self.max_bs)}):
             # distinct tensors for every field, as a real batch has (dynamo guards on aliasing too: one
@@ -106,6 +115,3 @@ class CompiledDecode:
             key_bias = torch.zeros((1, b, 1, 2), device=device) if b > 1 else None
             fb = ForwardBatch(ids, positions + 1, slots, torch.arange(b, device=device), gather, key_bias, ())
             self(fb, kv_pool)
-        gc.collect()  # the compiler's garbage, and the heap it freed back to the system: the server then
-        return_freed_memory()  # holds ~20-40 MB less (measured in process, default model)
-        log.info("--enable-torch-compile: decode graphs ready in %.0f s", time.monotonic() - began)

@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kvadmit.model.heap import return_freed_memory
+
 PACKED_DTYPES = (torch.bfloat16,)
 
 
@@ -74,17 +76,3 @@ def pack_linears(model: nn.Module) -> int:
     if count:
         return_freed_memory()
     return count
-
-
-def return_freed_memory() -> None:
-    """Hand the replaced weights' memory back to the system (glibc keeps freed heap memory otherwise)."""
-    import ctypes
-    import ctypes.util
-
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name) if name else None
-        if libc is not None and hasattr(libc, "malloc_trim"):
-            libc.malloc_trim(0)
-    except OSError:
-        pass

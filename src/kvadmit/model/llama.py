@@ -147,8 +147,9 @@ class Attention(nn.Module):
         self.qkv_proj = nn.Linear(cfg.hidden_size, (h + 2 * kv) * d, bias=cfg.attention_bias)
         self.o_proj = nn.Linear(h * d, cfg.hidden_size, bias=False)
         # the pool rows of K and V heads, [2·kv_heads, 1]: not a buffer, so not counted as weights
-        # (tie_and_init_buffers makes it again where the weights are after a meta build)
-        self.kv_rows = torch.arange(2 * kv)[:, None]
+        # (tie_and_init_buffers makes it again where the weights are after a meta build). Made on the CPU:
+        # arange on the meta device runs a Python decomposition that imports sympy (~30 MB held)
+        self.kv_rows = torch.arange(2 * kv, device="cpu")[:, None].to(torch.get_default_device())
         if cfg.qk_norm:
             self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
@@ -263,7 +264,7 @@ class CausalLM(nn.Module):
 
     @property
     def device(self) -> torch.device:
-        return self.model.embed_tokens.weight.device
+        return self.model.norm.weight.device  # (a quantized model's embedding may have no .weight)
 
     @property
     def dtype(self) -> torch.dtype:

@@ -41,7 +41,8 @@ def load_hf_folder(
     """The model in `folder`, in `dtype` on `device`. With `quantization` (a name of quant.QUANTIZATIONS)
     its linear layers get quantized weights (quant.py); else on CPU in bf16 they are packed for oneDNN
     (cpu_pack.py) unless `pack` is False."""
-    from kvadmit.model.cpu_pack import pack_linears, return_freed_memory
+    from kvadmit.model.cpu_pack import pack_linears
+    from kvadmit.model.heap import return_freed_memory
     from kvadmit.model.quant import NO_QUANTIZATION, quantize_linears
     from kvadmit.model.safetensors_read import read_safetensors
 

@@ -76,6 +76,7 @@ def load_model(
     quantization: str | None = None,
 ) -> LoadedModel:
     from kvadmit.model.device import default_device, resolve_dtype
+    from kvadmit.model.heap import return_freed_memory
     from kvadmit.model.loading import check_quantization, load_hf_folder
     from kvadmit.model.quant import NO_QUANTIZATION
     from kvadmit.model.sizing import available_bytes, default_mem_fraction, kv_bytes_per_token, pool_tokens
@@ -88,6 +89,7 @@ def load_model(
     tok_path = tokenizer_path or str(folder)
     tokenizer = load_tokenizer(tok_path)
     model = load_hf_folder(folder, torch_dtype, device, quantization=quantization)
+    return_freed_memory()  # the tokenizer's and the loader's garbage
     available = available_bytes(device)
     if max_total_tokens is None:
         cfg = model.cfg
