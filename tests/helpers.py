@@ -83,3 +83,16 @@ def cache_with(prompts: list[list[int]]) -> RadixCache:
     for p in prompts:
         cache.insert(p, pool.alloc_extend([], len(p)))
     return cache
+
+
+class Scripted:
+    """A random draw (a router policy's `randrange`) that returns the given values in order, checking
+    each bound it is asked for."""
+
+    def __init__(self, *draws: tuple[int, int]) -> None:
+        self.draws = list(draws)  # (expected n, value)
+
+    def randrange(self, n: int) -> int:
+        expected_n, value = self.draws.pop(0)
+        assert n == expected_n, (n, expected_n)
+        return value

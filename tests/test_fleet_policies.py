@@ -7,20 +7,9 @@ import random
 
 import pytest
 
+from helpers import Scripted
 from kvadmit.fleet.policies import CacheAware, PowerOfTwo, Random, RoundRobin, RouterView, f32, first_least
 from kvadmit.fleet.router import FleetRouter, RouterSettings
-
-
-class Scripted:
-    """A draw that returns the given values in order, checking each bound it is asked for."""
-
-    def __init__(self, *draws: tuple[int, int]) -> None:
-        self.draws = list(draws)  # (expected n, value)
-
-    def randrange(self, n: int) -> int:
-        expected_n, value = self.draws.pop(0)
-        assert n == expected_n, (n, expected_n)
-        return value
 
 
 def view(in_flight: list[int], polled: list[int] | None = None) -> RouterView:

@@ -9,24 +9,13 @@ from __future__ import annotations
 
 import pytest
 
+from helpers import Scripted
 from kvadmit.cli import main
 from kvadmit.fleet.policies import RouterView
 from kvadmit.fleet.router import FleetRouter, RouterSettings
 from kvadmit.fleet.smg_policy import LeastLoadTunables, PolledLoad, SmgPowerOfTwo, expected_wait
 
 T = LeastLoadTunables()
-
-
-class Scripted:
-    """A draw returning the given values in order, checking each bound it is asked for."""
-
-    def __init__(self, *draws: tuple[int, int]) -> None:
-        self.draws = list(draws)  # (expected n, value)
-
-    def randrange(self, n: int) -> int:
-        expected_n, value = self.draws.pop(0)
-        assert n == expected_n, (n, expected_n)
-        return value
 
 
 def load(
