@@ -57,6 +57,12 @@ class Policy(Protocol):
     def choose(self, view: RouterView, text: str | None) -> int: ...
 
 
+def draw_pair(rng: Draw, n: int) -> tuple[int, int]:
+    """Two distinct workers of n ≥ 2, as power_of_two draws them: i, then j = (i + 1 + draw(n − 1)) mod n."""
+    i = rng.randrange(n)
+    return i, (i + 1 + rng.randrange(n - 1)) % n
+
+
 def first_least(loads: Sequence[int]) -> int:
     """The index of the smallest value, the first of equals (Rust's min_by_key)."""
     best = 0
@@ -104,8 +110,7 @@ class PowerOfTwo:
         n = len(view.in_flight)
         if n == 1:
             return 0
-        i = self.rng.randrange(n)
-        j = (i + 1 + self.rng.randrange(n - 1)) % n
+        i, j = draw_pair(self.rng, n)
         loads = view.polled if view.polled is not None else view.in_flight
         return i if loads[i] <= loads[j] else j
 

@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvadmit.fleet.policies import Draw, RouterView
+from kvadmit.fleet.policies import Draw, RouterView, draw_pair
 
 SMG_LOAD_METRICS = ("expected_wait", "requests", "least_requests")
 
@@ -115,11 +115,7 @@ class SmgPowerOfTwo:
         n = len(view.in_flight)
         if n == 1:
             return 0
-        if self.metric == "least_requests":
-            candidates = list(range(n))
-        else:
-            i = self.rng.randrange(n)
-            candidates = [i, (i + 1 + self.rng.randrange(n - 1)) % n]
+        candidates = list(range(n)) if self.metric == "least_requests" else list(draw_pair(self.rng, n))
         k, best, tied = candidates[0], self.score(view, candidates[0]), 1
         for c in candidates[1:]:
             s = self.score(view, c)
