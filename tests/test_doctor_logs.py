@@ -115,7 +115,7 @@ QUOTED = {
         "#queue-req: 40",
         "#queue-req: 56",
     ],
-    "57-sglang-10053-single-chat-cached-turns.log": ["#running-req: 1", "#queue-req: 0"],
+    "57-sglang-10053-single-chat-cached-turns.log": ["token usage: 0.00", "#queue-req: 0"],
     "58-sglang-19712-no-prefix-chunked-prompt-health-checks.log": ["#new-token: 2048", "#queue-req: 2"],
     "59-sglang-jax-564-cache-miss-field-single-request.log": ["#cache_miss: 1", "#queue-req: 0"],
     "60-sglang-6778-tp-only-prefix-full-pool.log": ["#running-req: 36", "token usage: 0.96"],
