@@ -103,6 +103,24 @@ QUOTED = {
         "#queue-req: 155",
         "#new-token: 2048",
     ],
+    # 54–62: a third batch, labelled before the doctor (with the fixes for 31–53) ran on it.
+    "54-sgl-kernel-npu-608-eagle-queue-pool-two-thirds.log": ["token usage: 0.63", "#queue-req: 4"],
+    "55-sglang-4305-collector-double-timestamp-no-queue.log": [
+        "#running-req: 5",
+        "token usage: 0.61",
+        "#queue-req: 0",
+    ],
+    "56-sglang-6901-compose-prefix-prefill-budget-queue-growing.log": [
+        "#new-seq: 3, #new-token: 15000",
+        "#queue-req: 40",
+        "#queue-req: 56",
+    ],
+    "57-sglang-10053-single-chat-cached-turns.log": ["token usage: 0.00", "#queue-req: 0"],
+    "58-sglang-19712-no-prefix-chunked-prompt-health-checks.log": ["#new-token: 2048", "#queue-req: 2"],
+    "59-sglang-jax-564-cache-miss-field-single-request.log": ["#cache_miss: 1", "#queue-req: 0"],
+    "60-sglang-6778-tp-only-prefix-full-pool.log": ["#running-req: 36", "token usage: 0.96"],
+    "61-sglang-4602-v044-decode-oom-page-size.log": ["Decode out of memory. Try to lower your batch size"],
+    "62-sglang-4161-startup-lines-only-tp-ranks.log": ["max_total_num_tokens=201681"],
 }
 
 

@@ -1,5 +1,6 @@
-"""The real logs gathered after the doctor was tuned (tests/data/logs 31–46), with the numbers a reader
-works out by hand from their lines, and the rules they taught, on lines of our own.
+"""The real logs gathered after the doctor was tuned (tests/data/logs 31–53; 54–62 in
+test_doctor_unseen_logs_batch3.py), with the numbers a reader works out by hand from their lines, and the
+rules they taught, on lines of our own.
 
 Expected values are hand arithmetic on the quoted lines, not read back from the doctor."""
 

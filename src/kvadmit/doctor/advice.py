@@ -25,8 +25,16 @@ LAST_REQUEST_WORDING = {
 }
 
 
-def oom(last_request: bool, gpu: bool, pool: int | None) -> list[str]:
+def oom(last_request: bool, gpu: bool, pool: int | None, kv_alloc: bool = False) -> list[str]:
     out = []
+    if kv_alloc:
+        out += [
+            "Admission should never let through a batch the pool cannot hold: if --page-size is above 1 or "
+            "speculative decoding is on, try --page-size 1 or a newer SGLang, and report the 'Try to "
+            "allocate' numbers with the version upstream.",
+            "Until then, lower --max-running-requests (or raise --schedule-conservativeness, e.g. to 1.3) so "
+            "that decode keeps slack for the slots the checks do not count.",
+        ]
     if last_request:
         size = f" (this pool: {pool:,} tokens)" if pool else ""
         out += [
@@ -148,6 +156,15 @@ def healthy() -> list[str]:
         "once, the pool must hold more (more GPUs, a quantized KV cache) or requests must ask for fewer "
         "max_new_tokens.",
         "Watch #queue-req and time to first token; SGLang's guide calls a #queue-req of 100–2000 healthy.",
+    ]
+
+
+def full_without_queue() -> list[str]:
+    return [
+        "Nothing to change for admission from these lines. To see whether requests wait, and for how long, "
+        "paste whole batch lines: #queue-req is near their end.",
+        "A pool this full with few requests running would be worth a look: #token ÷ #running-req is what "
+        "each running request holds, prompt and output together.",
     ]
 
 

@@ -35,6 +35,7 @@ _UNKNOWN_EXAMPLES = 5
 _FAILURE_KINDS = {
     parse.LAST_REQUEST: "last_request",
     parse.GPU_OOM: "gpu_oom",
+    parse.KV_ALLOC: "kv_alloc",
     parse.ABORT: "abort",
     parse.HEALTH_FAIL: "health_fail",
     parse.ERROR: "error",
@@ -154,6 +155,13 @@ class Collector:
             c.timeline.mark(Marker(t, lineno, "retract", 1, "preempted"))
         elif kind in _FAILURE_KINDS:
             self._failure(kind, rec, t, q)
+        elif kind is parse.KV_ALLOC_DETAIL:
+            c.failures.add("kv_alloc_detail", q, keep=2)
+            asked, free = rec.fields.get("asked"), rec.fields.get("free")
+            if isinstance(asked, int):
+                c.failures.kv_alloc_asked = asked
+            if isinstance(free, int):
+                c.failures.kv_alloc_free = free
 
     # -- helpers -------------------------------------------------------------------------------------
 
@@ -305,6 +313,10 @@ class Collector:
             c.timeline.mark(Marker(t, q.line, "oom", 1, str(rec.fields.get("release", ""))))
         elif kind == parse.GPU_OOM:
             c.timeline.mark(Marker(t, q.line, "oom", 1, "GPU out of memory"))
+        elif kind == parse.KV_ALLOC:
+            c.engine.add("sglang")
+            c.failures.kv_alloc_phases.add(str(rec.fields.get("phase", "")))
+            c.timeline.mark(Marker(t, q.line, "oom", 1, "KV pool allocation failed"))
         elif kind == parse.ABORT:
             c.timeline.mark(Marker(t, q.line, "abort", 1, "abort"))
         elif kind == parse.HEALTH_FAIL:

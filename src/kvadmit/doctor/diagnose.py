@@ -178,9 +178,23 @@ def insufficient_data(c: Collected, scrapes: list[prom.Scrape]) -> Finding:
         evidence = [top[1]] if top else []
         return rules.insufficient(reason, evidence)
     if not q.samples:
-        kinds = ", ".join(f"{n:,} {k}" for k, n in sorted(c.kinds.items()))
+        kinds = ", ".join(
+            f"{n:,} {k.replace('startup', 'start-up').replace('_', ' ')} line{'s' if n > 1 else ''}"
+            for k, n in sorted(c.kinds.items())
+        )
+        lines, evidence = [], []
+        pool = c.startup.get("max_total_num_tokens")
+        if c.startup_quote is not None and isinstance(pool, int):
+            # What the start-up line does say: the server as configured, before any request.
+            lines.append(
+                f"The start-up line gives the server as configured (a pool of {pool:,} tokens and its "
+                "prefill budgets), but not one batch line says how requests were admitted or how full the "
+                "pool got: the failure, if any, is in lines not shown here."
+            )
+            evidence.append(c.startup_quote)
         return rules.insufficient(
             f"Not enough to judge: no batch statistics (Prefill/Decode batch lines) or metrics, only {kinds}",
-            [],
+            evidence,
+            lines,
         )
     return rules.insufficient("Nothing wrong and nothing conclusive in this input", [])

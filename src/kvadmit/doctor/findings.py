@@ -32,7 +32,7 @@ from kvadmit.doctor.model import (
     STORM,
     Finding,
 )
-from kvadmit.doctor.pool_rules import idle, oom, unrelated
+from kvadmit.doctor.pool_rules import FULL_USAGE, idle, oom, unrelated
 from kvadmit.doctor.retraction_rules import collapse, retraction, stall, vllm_preemption
 from kvadmit.doctor.trackers import Quote, unique
 
@@ -59,6 +59,10 @@ def log_findings(c: Collected, pool_from_metrics: float | None = None) -> list[F
     stalled = any(f.kind == "admission-stall" and f.verdict for f in found)  # then the queue is not healthy
     if not verdicts & {STORM, IDLE_POOL} and not stalled and c.queue.with_queue_info:
         found.append(burst if burst is not None else _healthy(c, pool, note, arithmetic))
+    elif not verdicts and not c.queue.with_queue_info:
+        full = _full_without_queue(c)
+        if full is not None:
+            found.append(full)
     return found
 
 
@@ -161,5 +165,35 @@ def _healthy(c: Collected, pool: int | None, note: str, arithmetic: list[str] | 
     )
 
 
-def insufficient(reason: str, evidence: list[Quote]) -> Finding:
-    return Finding(OTHER, OTHER, RANK_INSUFFICIENT, reason, [], evidence, [])
+def _full_without_queue(c: Collected) -> Finding | None:
+    """Lines with no #queue-req (shortened by hand, say) whose pool is full on every one, with no
+    retraction: whether requests wait cannot be read, but it does not matter, as either way admission
+    does what it should: a request that waits, waits for room the running requests hold."""
+    q = c.queue
+    low, top = q.min_usage, q.max_usage
+    if low is None or top is None or low < FULL_USAGE or c.retract.events or c.vllm.warnings:
+        return None
+    usage = f"{low:.2f}" if low == top[0] else f"{low:.2f}–{top[0]:.2f}"
+    title = (
+        f"Healthy as far as the lines show: the pool is full of running requests (token usage {usage} on "
+        "every line) and nothing retracts; the lines carry no queue size"
+    )
+    lines = [
+        "No line carries #queue-req, so whether requests wait cannot be read. With the pool full and no "
+        "retraction it does not change the verdict: a request that waits, waits for room the running "
+        "requests hold, which is the forecast doing its job, and the running requests keep theirs.",
+    ]
+    return Finding(
+        HEALTHY_QUEUE,
+        HEALTHY_QUEUE,
+        RANK_HEALTHY_WAITING,
+        title,
+        lines,
+        [top[1]],
+        advice.full_without_queue(),
+        {"usage_min": low, "usage_max": top[0], "queue_known": False},
+    )
+
+
+def insufficient(reason: str, evidence: list[Quote], lines: list[str] | None = None) -> Finding:
+    return Finding(OTHER, OTHER, RANK_INSUFFICIENT, reason, lines or [], evidence, [])

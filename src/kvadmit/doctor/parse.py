@@ -19,6 +19,7 @@ import re
 from kvadmit.doctor import vllm_lines
 from kvadmit.observe import loglines
 from kvadmit.observe.logread import BATCH_MARKER, PrefixReader, read_batch_fields
+from kvadmit.scheduler.errors import BATCH_SIZE_HINT
 from kvadmit.scheduler.retraction import (
     LAST_REQUEST_ABORT_MESSAGE,
     LAST_REQUEST_ASSERTION,
@@ -32,6 +33,8 @@ RETRACT = "retract"
 STARTUP = "startup"
 LAST_REQUEST = "last_request"  # the last-request failure of retract_decode, by release
 GPU_OOM = "gpu_oom"  # the allocator of the GPU itself ran out (activations, not the KV pool)
+KV_ALLOC = "kv_alloc"  # the KV pool's allocator could not hand out a batch's slots: the scheduler crashed
+KV_ALLOC_DETAIL = "kv_alloc_detail"  # that error's next lines: tokens asked for, tokens free
 ABORT = "abort"
 HTTP = "http"
 HEALTH_FAIL = "health_fail"
@@ -45,6 +48,11 @@ METRIC = "metric"
 _ERROR = re.compile(r"\b([A-Z][A-Za-z0-9_.]*(?:Error|Exception))\b:?")
 _ELAPSED = re.compile(r"\[(?:(\d+):)?(\d+):(\d\d)<")
 _ABORT_RID = re.compile(r"Abort request (\S+)")
+_KV_ALLOC = re.compile(r"(Prefill |Decode )?[Oo]ut of memory\. " + re.escape(BATCH_SIZE_HINT))
+# The KV allocation failure's detail lines, in every release's spelling (`Avaliable` as 0.4 printed it,
+# `Available full tokens` in 0.5).
+_KV_ALLOC_ASKED = re.compile(r"^Try to allocate (\d+) tokens\.")
+_KV_ALLOC_FREE = re.compile(r"^(?:Available|Avaliable) (?:full )?tokens: (\d+)")
 
 _RETRACT_HEADS = tuple(dict.fromkeys(f.head for f in loglines.RETRACT_FORMATS))
 # What the doctor reads from a batch line, in this order (`Parsed.values`); None where a line lacks it.
@@ -277,10 +285,22 @@ class LineParser:
                 fields = {"release": release, "graceful": graceful}
                 begin = text.rfind("ValueError", 0, start) if crash else start
                 return Parsed(LAST_REQUEST, text[begin:], fields), begin
+            m = _KV_ALLOC.search(text)
+            if m is not None:
+                begin = text.rfind("RuntimeError", 0, m.start())
+                begin = begin if begin >= 0 else m.start()
+                phase = (m.group(1) or "").strip().lower()
+                return Parsed(KV_ALLOC, text[begin:], {"phase": phase}), begin
             for marker in ("CUDA out of memory", "HIP out of memory", "OutOfMemoryError"):
                 start = text.find(marker)
                 if start >= 0:
                     return Parsed(GPU_OOM, text[start:], {}), start
+        if text.startswith(("Try to allocate ", "Ava")):
+            asked, free = _KV_ALLOC_ASKED.match(text), _KV_ALLOC_FREE.match(text)
+            if asked is not None:
+                return Parsed(KV_ALLOC_DETAIL, text, {"asked": int(asked.group(1))}), 0
+            if free is not None:
+                return Parsed(KV_ALLOC_DETAIL, text, {"free": int(free.group(1))}), 0
         if LAST_REQUEST_ASSERTION in text:
             start = text.find(LAST_REQUEST_ASSERTION)
             begin = text.rfind("AssertionError", 0, start)

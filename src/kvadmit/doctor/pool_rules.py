@@ -34,13 +34,14 @@ def kv_pressure(c: Collected) -> bool:
         or c.vllm.warnings > 0
         or top >= FULL_USAGE
         or c.failures.count("last_request") > 0
+        or c.failures.count("kv_alloc") > 0
     )
 
 
 def oom(c: Collected) -> Finding | None:
     fail = c.failures
-    last, gpu = fail.count("last_request"), fail.count("gpu_oom")
-    if not last and not gpu:
+    last, gpu, alloc = fail.count("last_request"), fail.count("gpu_oom"), fail.count("kv_alloc")
+    if not last and not gpu and not alloc:
         return None
     lines: list[str] = []
     if last:
@@ -50,6 +51,8 @@ def oom(c: Collected) -> Finding | None:
             "request's prompt plus outputs outgrew the KV pool by itself."
         )
         lines.extend(advice.LAST_REQUEST_WORDING[r] for r in releases if r in advice.LAST_REQUEST_WORDING)
+    if alloc:
+        lines.extend(_kv_alloc_lines(c))
     if gpu:
         lines.append(
             "The GPU allocator itself ran out of memory (activations, CUDA graphs, or another process): "
@@ -65,11 +68,15 @@ def oom(c: Collected) -> Finding | None:
             f"{crashed} crashed the scheduler" if crashed else "",
         ]
         title_bits.append("out of memory with one request left (" + ", ".join(p for p in parts if p) + ")")
+    if alloc:
+        title_bits.append(f"the KV pool could not allocate a batch ({alloc}×, the scheduler crashed)")
     if gpu:
         title_bits.append(f"GPU out of memory ({gpu}×)")
     evidence = unique(
         [
             *fail.quotes.get("last_request", []),
+            *fail.quotes.get("kv_alloc", []),
+            *fail.quotes.get("kv_alloc_detail", []),
             *fail.quotes.get("gpu_oom", []),
             *fail.quotes.get("traceback", [])[:1],
             c.retract.last,
@@ -83,14 +90,43 @@ def oom(c: Collected) -> Finding | None:
         "Out-of-memory: " + "; ".join(title_bits),
         lines,
         evidence,
-        advice.oom(bool(last), bool(gpu), pool if isinstance(pool, int) else None),
+        advice.oom(bool(last), bool(gpu), pool if isinstance(pool, int) else None, bool(alloc)),
         {
             "last_request_failures": last,
+            "kv_alloc_failures": alloc,
+            "kv_alloc_asked": fail.kv_alloc_asked,
+            "kv_alloc_free": fail.kv_alloc_free,
             "graceful_aborts": fail.graceful,
             "gpu_oom": gpu,
             "releases": sorted(fail.releases),
         },
     )
+
+
+def _kv_alloc_lines(c: Collected) -> list[str]:
+    """What SGLang's "… out of memory. Try to lower your batch size." means: the pool's allocator refused
+    the slots a batch needed after admission (and, in decode, the memory check) had let the batch through."""
+    fail = c.failures
+    phases = {"decode": "a decode step", "prefill": "a prefill batch"}
+    step = " or ".join(phases[p] for p in sorted(fail.kv_alloc_phases) if p in phases) or "a batch"
+    asked, free = fail.kv_alloc_asked, fail.kv_alloc_free
+    numbers = (
+        f" ({asked:,} tokens asked for, {free:,} free)" if asked is not None and free is not None else ""
+    )
+    lines = [
+        f"SGLang's KV allocator could not hand out the slots {step} needed{numbers}, after the scheduler's "
+        "own checks (admission; before a decode step, the memory check that retracts) had let it through: "
+        "the RuntimeError kills the scheduler, and every request on the server fails with it."
+    ]
+    if asked is not None and free is not None and asked <= free:
+        # Fewer tokens asked for than were free: only a page-granular (or draft-slot) shortfall explains it.
+        lines.append(
+            f"It asked for fewer tokens than were free ({asked:,} ≤ {free:,}): the slots go out in whole "
+            "pages (--page-size above 1), and a step in which many requests each start a new page needs a "
+            "page for each, which checks that count tokens miss. Public reports tie this to --page-size "
+            "above 1 (sgl-project/sglang#4602, #7411) and to speculative decoding with retraction (#14942)."
+        )
+    return lines
 
 
 def idle(c: Collected) -> Finding | None:

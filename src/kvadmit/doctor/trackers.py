@@ -83,6 +83,7 @@ class QueueStats:
     high_wait: tuple[float, Quote] | None = None
     peak_wait: tuple[int, int, float, Quote] | None = None  # (#token, running, usage) at most #token
     max_usage: tuple[float, Quote] | None = None
+    min_usage: float | None = None  # over every sample, waiting or not
     max_queue: tuple[int, Quote] | None = None
     first_queue: int | None = None
     last_queue: int | None = None
@@ -103,6 +104,9 @@ class QueueStats:
             top = self.max_usage
             if top is None or usage > top[0]:
                 self.max_usage = (usage, q)
+            low = self.min_usage
+            if low is None or usage < low:
+                self.min_usage = usage
             used = s.used
             if used is not None and usage >= 0.05 and s.kind != "vllm":
                 lo, hi = used / (usage + 0.005), used / (usage - 0.005)
@@ -295,6 +299,9 @@ class Failures:
     health_probes: int = 0
     error_types: dict[str, int] = field(default_factory=dict)
     http_5xx: int = 0
+    kv_alloc_phases: set[str] = field(default_factory=set)  # "decode", "prefill", "" (not said)
+    kv_alloc_asked: int | None = None  # the KV allocation failure's "Try to allocate N tokens."
+    kv_alloc_free: int | None = None  # and its "Available tokens: N"
 
     def add(self, kind: str, q: Quote, keep: int = 3) -> None:
         self.counts[kind] = self.counts.get(kind, 0) + 1
