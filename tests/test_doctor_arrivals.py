@@ -1,15 +1,18 @@
 """Issue 21: where in its whole-second stamp each inferred arrival is placed, and the log's own seed for
 the draws of what the log does not show. Expected values worked out by hand from the rules
-(reconstruct_workload.arrival_dispersion, random_within_seconds; reconstruct.log_seed)."""
+(reconstruct_workload.arrival_dispersion, random_within_seconds; reconstruct.log_seed;
+resimulate.build_replay)."""
 
 from __future__ import annotations
 
 import zlib
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
-from kvadmit.doctor.observed import observe_lines
-from kvadmit.doctor.reconstruct import log_seed
+from kvadmit.doctor.observed import observe_lines, read_observed
+from kvadmit.doctor.reconstruct import Reconstruction, log_seed, reconstruct
 from kvadmit.doctor.reconstruct_workload import (
     Start,
     arrival_dispersion,
@@ -18,6 +21,7 @@ from kvadmit.doctor.reconstruct_workload import (
     random_within_seconds,
     window_events,
 )
+from kvadmit.doctor.resimulate import build_replay
 
 
 def test_the_counts_are_per_stamp_of_the_line_that_shows_them_between_the_first_and_last() -> None:
@@ -93,3 +97,19 @@ def test_the_log_seed_is_the_crc_of_its_batch_lines_and_differs_between_logs() -
     assert log_seed(a) == zlib.crc32(texts) % 10**9  # CRC-32 chained line by line is that of them all
     assert log_seed(observe_lines(lines)) == log_seed(a)
     assert log_seed(observe_lines([queue_line(1, 0), queue_line(2, 4)])) != log_seed(a)
+
+
+def test_the_draws_are_dealt_from_the_logs_own_seed() -> None:
+    # build_replay's draw d takes its generators' seeds from seed + 10 d (SEEDS_PER_DRAW): the same log
+    # deals the same arrangement, another seed another, and draw 1 of seed s is draw 0 of seed s + 10.
+    log = Path(__file__).parent / "data" / "logs" / "04-sglang-q2-qwen3-4b-retraction-burst.log"
+    rec = reconstruct(read_observed(str(log)))
+    assert rec.seed == log_seed(read_observed(str(log)))
+
+    def lengths(r: Reconstruction, draw: int = 0) -> list[int]:
+        replay, _ = build_replay(r, draw=draw)
+        return [q.output_len for q in replay.requests]
+
+    assert lengths(rec) == lengths(replace(rec))
+    assert lengths(replace(rec, seed=rec.seed + 1)) != lengths(rec)
+    assert lengths(rec, draw=1) == lengths(replace(rec, seed=rec.seed + 10))
