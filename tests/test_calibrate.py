@@ -91,6 +91,23 @@ def test_the_fit_recovers_known_coefficients_and_keeps_them_non_negative() -> No
     assert all(v >= 0 for v in fit.coef.values())
 
 
+def test_strict_selection_drops_a_term_that_cuts_the_error_by_less_than_ln_n_over_n() -> None:
+    # 100 rows: y = 10 + 0.1 (0.36 z + w), z = b − 1.5 = ±½ by turns, w = +1, +1, −1, −1 (orthogonal to
+    # 1 and to z). On "one" alone the residuals are 0.1 (0.36 z + w): SSE ∝ 0.0324 + 1; with "b" too only
+    # 0.1 w is left: SSE ∝ 1, 3.1% less (relative errors, y within 1.5% of 10: about the same).
+    # FPE keeps "b" when SSE falls by over 1 − (101/99) ÷ (102/98) = 2.0%; strict only when n ln of the
+    # FPE falls by over ln 100 − 2 = 2.61, i.e. SSE by over 1 − e^−0.0261 × (101/99) ÷ (102/98) = 4.5%.
+    rows = [{"b": 2.0 if i % 2 == 0 else 1.0} for i in range(100)]
+    y = [10 + 0.1 * (0.36 * (r["b"] - 1.5) + (1 if i % 4 < 2 else -1)) for i, r in enumerate(rows)]
+    assert fit_step_time(rows, y, ("one", "b")).terms == ("one", "b")
+    strict = fit_step_time(rows, y, ("one", "b"), "strict")
+    assert strict.terms == ("one",)
+    assert strict.coef["one"] == pytest.approx(10.0, rel=1e-3)
+    # A term that explains most of the error stays under either: y = 10 + b exactly.
+    exact = [10 + r["b"] for r in rows]
+    assert fit_step_time(rows, exact, ("one", "b"), "strict").coef == pytest.approx({"one": 10.0, "b": 1.0})
+
+
 def test_one_far_off_observation_is_left_out_of_the_fit() -> None:
     rows = [{"batch": b} for b in range(1, 21)]
     y = [2.0 + 0.5 * b for b in range(1, 21)]

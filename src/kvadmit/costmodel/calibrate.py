@@ -152,14 +152,16 @@ def _window_rows(windows: list[DecodeWindow], n: int) -> tuple[list[dict[str, fl
     return rows, y
 
 
-def _fit(rows: list[dict[str, float]], y: list[float], columns: tuple[str, ...]) -> StepFit:
+def _fit(rows: list[dict[str, float]], y: list[float], columns: tuple[str, ...], selection: str) -> StepFit:
     try:
-        return fit_step_time(rows, y, columns)
+        return fit_step_time(rows, y, columns, selection)
     except FitError as e:
         raise CalibrationError(str(e)) from None
 
 
-def calibrate(logs: Iterable[tuple[str, list[str]]], decode_log_interval: int = 40) -> Calibration:
+def calibrate(
+    logs: Iterable[tuple[str, list[str]]], decode_log_interval: int = 40, selection: str = "fpe"
+) -> Calibration:
     """Calibrate from (name, lines) of one or more excerpts of the same server's log.
 
     A decode window lasts n × (base + per_request × B + per_kv × #token) plus its prefills, each
@@ -183,16 +185,17 @@ def calibrate(logs: Iterable[tuple[str, list[str]]], decode_log_interval: int = 
     notes = []
     prefill_fit: StepFit | None = None
     if any(w.prefills for w in windows):
-        fit = _fit(rows, y, DECODE_COLUMNS + PREFILL_COLUMNS)
+        fit = _fit(rows, y, DECODE_COLUMNS + PREFILL_COLUMNS, selection)
         per_token_ms, prefill_base = fit.coef["prefill_tokens"], fit.coef["prefill_batches"]
     else:
-        fit = _fit(rows, y, DECODE_COLUMNS)
+        fit = _fit(rows, y, DECODE_COLUMNS, selection)
         per_token_ms = prefill_base = 0.0
         if samples:
             prefill_fit = _fit(
                 [{"prefill_tokens": t, "prefill_batches": 1} for t, _ in samples],
                 [1000 * t / thr for t, thr in samples],
                 PREFILL_COLUMNS,
+                selection,
             )
             per_token_ms = prefill_fit.coef["prefill_tokens"]
             prefill_base = prefill_fit.coef["prefill_batches"]

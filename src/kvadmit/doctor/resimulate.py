@@ -49,9 +49,10 @@ def build_replay(
 ) -> tuple[Replay, float]:
     """The requests and their send times (seconds from the simulation's start), and the warm-up's length:
     the window opens that many seconds into the simulation. `draw` picks another arrangement of what the
-    log does not show (which request gets which length and prompt, their token ids); `running_only`
-    leaves out all but the requests running when the window opens (opening.py)."""
-    s = SEEDS_PER_DRAW * draw
+    log does not show (which request gets which length and prompt, their token ids), its seeds counted
+    from the log's own (reconstruct.log_seed); `running_only` leaves out all but the requests running when
+    the window opens (opening.py)."""
+    s = rec.seed + SEEDS_PER_DRAW * draw  # the log's own draws (reconstruct.log_seed)
     prompt = max(round(rec.prompt_len.value), 1)
     dist = lengths(rec, budget)
     asked = dist.budget
