@@ -67,8 +67,7 @@ class Leaper:
         self.rounds = 0  # quiet steps since armed
         self.total = 0  # quiet steps run
         self.tokens_owed = 0  # quiet steps whose token each running request has not been given yet
-        self.kv_owed = 0  # quiet steps whose slot each running request has not been given yet
-        self.slots = s.pool.alloc_decode(0)  # page size 1: the owed slots, step after step, B a step
+        self.kv_owed = 0  # page size > 1: quiet steps whose slot each running request has not been given yet
         self.pages: dict[int, list[int]] = {}  # page size > 1: request position → pages it took
         self.groups: list[list[int]] = []  # page size > 1: positions by (−len(kv)) mod page size
 
@@ -104,7 +103,6 @@ class Leaper:
         self.above_rounds = min(
             (r.max_new_tokens - len(r.output_ids) - run.clip for r in run._above), default=1 << 62
         )
-        run.settle_all()  # a leap owes slots of its own, after these
         if last.reqs == run.reqs and last.kvs is not None and last.outs is not None:
             self.reqs, self.kvs, self.outs = last.reqs, last.kvs, last.outs  # the batch's own copies
         else:
@@ -194,13 +192,15 @@ class Leaper:
         s.ratio.decay_step()
         pool, n = s.pool, len(self.reqs)
         if self.page == 1:
-            self.slots.extend(pool.alloc_decode(n))
+            # as a decode step gives them: into the running batch, owed there with its own steps' slots
+            # (scheduler/owed_slots.py; or appended at once where the scheduler does not defer them)
+            run.give_decode_slots(pool.alloc_decode(n))
         else:
             pages = self.pages
             for i in self.groups[self.kv_owed % self.page]:  # those whose KV fills whole pages, in order
                 pages.setdefault(i, []).append(pool._take_pages(1)[0])
-        self.kv_owed += 1
-        run.kv_tokens += n
+            self.kv_owed += 1
+            run.kv_tokens += n
         s.forward_ct += 1
         # next_batch: keep the finish log back to the oldest batch whose result is still to come
         oldest = s.in_flight.finish_stamp if s.in_flight is not None else s._finish_count
@@ -299,21 +299,16 @@ class Leaper:
             self.reqs, self.kvs, self.outs = [], [], []
 
     def _flush(self) -> None:
-        """Give every running request its owed tokens and KV slots, as the quiet steps would have."""
+        """Give every running request its owed tokens and (page size > 1) KV pages, as the quiet steps
+        would have. (Page size 1: the running batch holds the quiet steps' slots, see _pass.)"""
         n, b = self.tokens_owed, len(self.reqs)
         if n:
             block = [TEXT_TOKEN_ID] * n
             deque(map(list.extend, self.outs, repeat(block, b)), maxlen=0)
             self.tokens_owed = 0
-        if not self.kv_owed:
-            return
-        if self.page == 1:
-            slots = self.slots  # step k gave request i slots[k·B + i]
-            deque(map(array.extend, self.kvs, [slots[i::b] for i in range(b)]), maxlen=0)
-            self.slots = slots[:0]
-        else:
+        if self.kv_owed:
             self._flush_pages()
-        self.kv_owed = 0
+            self.kv_owed = 0
 
     def _flush_pages(self) -> None:
         p, owed = self.page, self.kv_owed
