@@ -23,6 +23,37 @@ class PrefillBatchStats:
     input_tokens_for_rate: int
     reprocessed_input_tokens: int = 0  # of input_tokens_for_rate, those of retracted requests (recomputed)
 
+    # Written out (the fields, in order, with their defaults; tests/test_native_inits.py checks): the
+    # compiled core builds it natively, where dataclass's generated __init__ is interpreted Python.
+    # (Frozen: fields are set as dataclass's own __init__ sets them.)
+    def __init__(
+        self,
+        new_seq: int,
+        new_token: int,
+        cached_token: int,
+        num_used_tokens: int,
+        token_usage: float,
+        running_req: int,
+        queue_req: int,
+        pending_token: int,
+        new_token_ratio: float,
+        hit_tokens_for_rate: int,
+        input_tokens_for_rate: int,
+        reprocessed_input_tokens: int = 0,
+    ) -> None:
+        object.__setattr__(self, "new_seq", new_seq)
+        object.__setattr__(self, "new_token", new_token)
+        object.__setattr__(self, "cached_token", cached_token)
+        object.__setattr__(self, "num_used_tokens", num_used_tokens)
+        object.__setattr__(self, "token_usage", token_usage)
+        object.__setattr__(self, "running_req", running_req)
+        object.__setattr__(self, "queue_req", queue_req)
+        object.__setattr__(self, "pending_token", pending_token)
+        object.__setattr__(self, "new_token_ratio", new_token_ratio)
+        object.__setattr__(self, "hit_tokens_for_rate", hit_tokens_for_rate)
+        object.__setattr__(self, "input_tokens_for_rate", input_tokens_for_rate)
+        object.__setattr__(self, "reprocessed_input_tokens", reprocessed_input_tokens)
+
     def at_report(self, queue_req: int, num_used_tokens: int, token_usage: float) -> PrefillBatchStats:
         """The same stats with the queue and the pool as they are when the line is printed: SGLang reads
         both after the batch's results are processed, so requests that finished in the prefill no longer
@@ -54,6 +85,25 @@ class DecodeBatchStats:
     queue_req: int
     generated_tokens: int  # tokens generated since the previous decode line (for gen throughput)
     sum_seq_lens: int = 0  # Σ KV length of the batch's requests after the step (sglang:decode_sum_seq_lens)
+
+    # Written out (the fields, in order, with their defaults; tests/test_native_inits.py checks): the
+    # compiled core builds it natively, where dataclass's generated __init__ is interpreted Python.
+    # (Frozen: fields are set as dataclass's own __init__ sets them.)
+    def __init__(
+        self,
+        running_req: int,
+        num_used_tokens: int,
+        token_usage: float,
+        queue_req: int,
+        generated_tokens: int,
+        sum_seq_lens: int = 0,
+    ) -> None:
+        object.__setattr__(self, "running_req", running_req)
+        object.__setattr__(self, "num_used_tokens", num_used_tokens)
+        object.__setattr__(self, "token_usage", token_usage)
+        object.__setattr__(self, "queue_req", queue_req)
+        object.__setattr__(self, "generated_tokens", generated_tokens)
+        object.__setattr__(self, "sum_seq_lens", sum_seq_lens)
 
 
 @dataclass(frozen=True, slots=True)
