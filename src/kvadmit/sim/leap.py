@@ -60,6 +60,7 @@ class Leaper:
         self.outs: list[list[int]] = []
         self.members: set[int] | None = None  # ids of the running requests (built when first needed)
         self.text: list[int] = []  # a quiet step's tokens
+        self.result: StepResult | None = None  # the last quiet step's result (_result)
         self.batch: ScheduledBatch | None = None  # non-overlap: the batch every quiet step reports
         self.spare: ScheduledBatch | None = None  # overlap: a batch of ours whose result was processed
         self.pending_quiet = False  # overlap: the result in flight has no stop token
@@ -238,7 +239,7 @@ class Leaper:
         seconds = self.executor.quiet_decode(len(self.reqs), self.run.kv_tokens)
         eng.launched += 1
         self.clock.wait_until(start + seconds)
-        self._process(batch, StepResult(self.text, seconds))
+        self._process(batch, self._result(seconds))
 
     def _step_overlap(self) -> None:
         s, eng = self.sched, self.engine
@@ -263,9 +264,18 @@ class Leaper:
             result = self.executor.run(batch)
             self.pending_quiet = False
         else:
-            result = StepResult(self.text, self.executor.quiet_decode(len(self.reqs), batch.kv_tokens))
+            result = self._result(self.executor.quiet_decode(len(self.reqs), batch.kv_tokens))
         eng.launched += 1
         eng.pending = (batch, result, start + result.seconds)
+
+    def _result(self, seconds: float) -> StepResult:
+        """A quiet step's result: the last one while the tokens and the time are the same (nothing
+        changes a result; building a NamedTuple is interpreted Python, even in the compiled core)."""
+        r = self.result
+        # (never a zero time: 0.0 and −0.0 are equal and print differently)
+        if r is None or r.next_token_ids is not self.text or r.seconds != seconds or not seconds:
+            r = self.result = StepResult(self.text, seconds)
+        return r
 
     # ----- the public part ----------------------------------------------------------------------------
     def leap(self, bound: float = float("inf"), max_rounds: int = 1 << 62) -> int:
