@@ -5,6 +5,7 @@ from __future__ import annotations
 from array import array  # at run time too: the compiled core's dataclasses evaluate their annotations
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Final
 
 from kvadmit.memory.pool import new_slots
 from kvadmit.memory.radix import RadixNode
@@ -19,6 +20,11 @@ class FinishKind(str, Enum):
     ABORT = "abort"  # aborted by the server (with a message)
 
 
+# object.__setattr__, read once: a frozen dataclass's __init__ sets its fields through it (looking it up on
+# `object` at each call was most of such an __init__'s cost in the compiled core).
+_set_field: Final = object.__setattr__
+
+
 @dataclass(frozen=True, slots=True)
 class FinishReason:
     kind: FinishKind
@@ -28,14 +34,14 @@ class FinishReason:
 
     # Written out (the fields, in order, with their defaults; tests/test_native_inits.py checks): the
     # compiled core builds it natively, where dataclass's generated __init__ is interpreted Python.
-    # (Frozen: fields are set as dataclass's own __init__ sets them.)
+    # (Frozen: fields are set as dataclass's own __init__ sets them, through object.__setattr__.)
     def __init__(
         self, kind: FinishKind, message: str = "", status_code: int = 200, matched: int | str | None = None
     ) -> None:
-        object.__setattr__(self, "kind", kind)
-        object.__setattr__(self, "message", message)
-        object.__setattr__(self, "status_code", status_code)
-        object.__setattr__(self, "matched", matched)
+        _set_field(self, "kind", kind)
+        _set_field(self, "message", message)
+        _set_field(self, "status_code", status_code)
+        _set_field(self, "matched", matched)
 
 
 # The budget of a request that asks for no max_new_tokens ("up to the context"), before the scheduler caps it.
@@ -55,7 +61,7 @@ class SamplingLimits:
 
     # Written out (the fields, in order, with their defaults; tests/test_native_inits.py checks): the
     # compiled core builds it natively, where dataclass's generated __init__ is interpreted Python.
-    # (Frozen: fields are set as dataclass's own __init__ sets them.)
+    # (Frozen: fields are set as dataclass's own __init__ sets them, through object.__setattr__.)
     def __init__(
         self,
         requested_max_new_tokens: int | None = 128,
@@ -64,11 +70,11 @@ class SamplingLimits:
         stop_token_ids: frozenset[int] = frozenset(),
         priority: int | None = None,
     ) -> None:
-        object.__setattr__(self, "requested_max_new_tokens", requested_max_new_tokens)
-        object.__setattr__(self, "ignore_eos", ignore_eos)
-        object.__setattr__(self, "min_new_tokens", min_new_tokens)
-        object.__setattr__(self, "stop_token_ids", stop_token_ids)
-        object.__setattr__(self, "priority", priority)
+        _set_field(self, "requested_max_new_tokens", requested_max_new_tokens)
+        _set_field(self, "ignore_eos", ignore_eos)
+        _set_field(self, "min_new_tokens", min_new_tokens)
+        _set_field(self, "stop_token_ids", stop_token_ids)
+        _set_field(self, "priority", priority)
 
 
 @dataclass(slots=True, eq=False)
