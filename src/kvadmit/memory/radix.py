@@ -30,17 +30,11 @@ class RadixNode:
     lock_ref: int = 0
     last_access: int = 0
 
-    # Written out (the fields, in order, with their defaults; tests/test_native_inits.py checks): the
-    # compiled core builds it natively, where dataclass's generated __init__ is interpreted Python.
+    # Written out (the fields and defaults, tests/test_native_inits.py): mypyc then builds it natively.
     def __init__(
-        self,
-        key: list[int],
-        value: array[int],
-        parent: RadixNode | None,
-        children: dict[object, RadixNode],
-        lock_ref: int = 0,
-        last_access: int = 0,
-    ) -> None:
+        self, key: list[int], value: array[int], parent: RadixNode | None, children: dict[object, RadixNode],
+        lock_ref: int = 0, last_access: int = 0,
+    ) -> None:  # fmt: skip
         self.key = key
         self.value = value
         self.parent = parent
