@@ -9,8 +9,9 @@ exactly as stepping would and in the same order, everything whose result is a nu
 ratio's decay, the pool's allocation (the same slot ids), the step's cost from the cost model, the clock,
 the step counters, the decode log line every --decode-log-interval steps, the step observers (step trace,
 the client's token times, a replica's KV usage). What it puts off is the per-request work: each request's
-token and KV slot are appended in bulk (`_flush`) when the run of quiet steps ends, or before anything
-reads a request's lengths (the decode log line's #seq-len sum).
+tokens are appended in bulk (`_flush`) when the run of quiet steps ends, or before anything reads a
+request's lengths (the decode log line's #seq-len sum); so are its KV pages at page size > 1. At page size
+1 a quiet step's slots go to the running batch as an ordinary step's do (owed there, owed_slots.py).
 
 `Leaper.leap(bound, max_rounds)` runs quiet steps while each starts before `bound` (the next arrival)
 and returns how many it ran; 0 means the next step is not quiet: the caller runs it with Engine.step().
