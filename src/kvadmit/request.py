@@ -5,6 +5,7 @@ from __future__ import annotations
 from array import array  # at run time too: the compiled core's dataclasses evaluate their annotations
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Final
 
 from kvadmit.memory.pool import new_slots
 from kvadmit.memory.radix import RadixNode
@@ -19,12 +20,28 @@ class FinishKind(str, Enum):
     ABORT = "abort"  # aborted by the server (with a message)
 
 
+# object.__setattr__, read once: a frozen dataclass's __init__ sets its fields through it (looking it up on
+# `object` at each call was most of such an __init__'s cost in the compiled core).
+_set_field: Final = object.__setattr__
+
+
 @dataclass(frozen=True, slots=True)
 class FinishReason:
     kind: FinishKind
     message: str = ""
     status_code: int = 200
     matched: int | str | None = None  # the stop token id or stop string that ended it
+
+    # Written out (the fields, in order, with their defaults; tests/test_native_inits.py checks): the
+    # compiled core builds it natively, where dataclass's generated __init__ is interpreted Python.
+    # (Frozen: fields are set as dataclass's own __init__ sets them, through object.__setattr__.)
+    def __init__(
+        self, kind: FinishKind, message: str = "", status_code: int = 200, matched: int | str | None = None
+    ) -> None:
+        _set_field(self, "kind", kind)
+        _set_field(self, "message", message)
+        _set_field(self, "status_code", status_code)
+        _set_field(self, "matched", matched)
 
 
 # The budget of a request that asks for no max_new_tokens ("up to the context"), before the scheduler caps it.
@@ -41,6 +58,23 @@ class SamplingLimits:
     min_new_tokens: int = 0
     stop_token_ids: frozenset[int] = frozenset()
     priority: int | None = None  # the request's priority (SGLang's `priority` field), None: not given
+
+    # Written out (the fields, in order, with their defaults; tests/test_native_inits.py checks): the
+    # compiled core builds it natively, where dataclass's generated __init__ is interpreted Python.
+    # (Frozen: fields are set as dataclass's own __init__ sets them, through object.__setattr__.)
+    def __init__(
+        self,
+        requested_max_new_tokens: int | None = 128,
+        ignore_eos: bool = False,
+        min_new_tokens: int = 0,
+        stop_token_ids: frozenset[int] = frozenset(),
+        priority: int | None = None,
+    ) -> None:
+        _set_field(self, "requested_max_new_tokens", requested_max_new_tokens)
+        _set_field(self, "ignore_eos", ignore_eos)
+        _set_field(self, "min_new_tokens", min_new_tokens)
+        _set_field(self, "stop_token_ids", stop_token_ids)
+        _set_field(self, "priority", priority)
 
 
 @dataclass(slots=True, eq=False)
@@ -67,7 +101,7 @@ class Req:
     # int (scheduler/priority.py). Larger is more urgent unless --schedule-low-priority-values-first.
     priority: int | None = None
 
-    # The output budget in force (see above; set by __post_init__, then by the scheduler).
+    # The output budget in force (see above; set by __init__, then by the scheduler).
     max_new_tokens: int = field(init=False)
     min_new_tokens: int = field(init=False)
     stop_token_ids: frozenset[int] = field(init=False)
@@ -91,17 +125,67 @@ class Req:
     # priority preemption reads before the candidate is prepared again (scheduler/priority.py)
     examined_fill_len: int = 0
 
+    # Written out (the init fields, in order, with their defaults, then the rest; tests/test_native_inits.py
+    # checks): the compiled core builds it natively, where dataclass's generated __init__ is interpreted
+    # Python. (`sampling` and `output_ids` left out or passed as None start as their default_factory
+    # makes them.)
+    def __init__(
+        self,
+        rid: str,
+        origin_input_ids: list[int],
+        sampling: SamplingLimits | None = None,
+        params: SamplingParams = DEFAULT_PARAMS,
+        output_ids: list[int] | None = None,
+        seq: int = 0,
+        priority: int | None = None,
+        kv: array[int] | None = None,
+        cached_len: int = 0,
+        last_node: RadixNode | None = None,
+        prefix_len: int = 0,
+        match_node: RadixNode | None = None,
+        match_slots: array[int] | None = None,
+        fill_len: int = 0,
+        extend_input_len: int = 0,
+        cached_tokens: int = 0,
+        is_retracted: bool = False,
+        retraction_count: int = 0,
+        finished_reason: FinishReason | None = None,
+        abort_requested: bool = False,
+        queue_entry: int = 0,
+        examined_fill_len: int = 0,
+    ) -> None:
+        self.rid = rid
+        self.origin_input_ids = origin_input_ids
+        self.sampling = sampling = SamplingLimits() if sampling is None else sampling
+        self.params = params
+        self.output_ids = [] if output_ids is None else output_ids
+        self.seq = seq
+        # the client's priority unless given here (see above)
+        self.priority = sampling.priority if priority is None else priority
+        # the output budget in force starts as asked
+        asked = sampling.requested_max_new_tokens
+        self.max_new_tokens = MAX_NEW_TOKENS_UNSET if asked is None else asked
+        self.min_new_tokens = sampling.min_new_tokens
+        self.stop_token_ids = sampling.stop_token_ids
+        self.kv = new_slots() if kv is None else kv
+        self.cached_len = cached_len
+        self.last_node = last_node
+        self.prefix_len = prefix_len
+        self.match_node = match_node
+        self.match_slots = new_slots() if match_slots is None else match_slots
+        self.fill_len = fill_len
+        self.extend_input_len = extend_input_len
+        self.cached_tokens = cached_tokens
+        self.is_retracted = is_retracted
+        self.retraction_count = retraction_count
+        self.finished_reason = finished_reason
+        self.abort_requested = abort_requested
+        self.queue_entry = queue_entry
+        self.examined_fill_len = examined_fill_len
+
     def __repr__(self) -> str:
         # Short: a request's prompt and KV can be long, and tracebacks or list.index misses format it.
         return f"Req(rid={self.rid!r}, prompt={len(self.origin_input_ids)}, outputs={len(self.output_ids)})"
-
-    def __post_init__(self) -> None:
-        asked = self.sampling.requested_max_new_tokens
-        self.max_new_tokens = MAX_NEW_TOKENS_UNSET if asked is None else asked
-        self.min_new_tokens = self.sampling.min_new_tokens
-        self.stop_token_ids = self.sampling.stop_token_ids
-        if self.priority is None:
-            self.priority = self.sampling.priority
 
     @property
     def seqlen(self) -> int:

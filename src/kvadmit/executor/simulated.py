@@ -30,16 +30,20 @@ class SimulatedExecutor:
         self.eos = eos_token_id
         self._decode_steps = 0
         self._due: dict[int, list[tuple[Req, int]]] = {}  # decode step → (request, its retraction count)
+        # A decode step's time by batch size, where the cost model does not read the KV (the model is
+        # frozen and its seconds() a function of its arguments: the same float as computing it each step)
+        self._kv_matters = cost.decode.needs_kv_tokens
+        self._decode_s: dict[int, float] = {}
 
     def run(self, batch: ScheduledBatch) -> StepResult:
         if batch.kind == "prefill":
             return self._run_prefill(batch)
         tokens, eos_at = self._decode_tokens(batch.reqs)
         kv = 0
-        if self.cost.decode.needs_kv_tokens:
+        if self._kv_matters:
             # The KV the batch holds: the scheduler's running sum (summing here was a sixth of a long run)
             kv = batch.kv_tokens if batch.kv_tokens >= 0 else sum(map(len, map(_KV, batch.reqs)))
-        return StepResult(tokens, self.cost.decode.seconds(len(batch.reqs), kv), (TEXT_TOKEN_ID, eos_at))
+        return StepResult(tokens, self._decode_seconds(len(batch.reqs), kv), (TEXT_TOKEN_ID, eos_at))
 
     def eos_due(self) -> bool:
         """Does the next decode step end a request (an EOS filed for it that still counts)?"""
@@ -53,7 +57,15 @@ class SimulatedExecutor:
         sim/leap.py): what run() does with it, without the batch: its step counted, its time."""
         self._due.pop(self._decode_steps, None)  # entries left by requests that ended or were retracted
         self._decode_steps += 1
-        return self.cost.decode.seconds(batch_size, kv_tokens if self.cost.decode.needs_kv_tokens else 0)
+        return self._decode_seconds(batch_size, kv_tokens)
+
+    def _decode_seconds(self, batch_size: int, kv_tokens: int) -> float:
+        if self._kv_matters:
+            return self.cost.decode.seconds(batch_size, kv_tokens)
+        seconds = self._decode_s.get(batch_size)
+        if seconds is None:
+            seconds = self._decode_s[batch_size] = self.cost.decode.seconds(batch_size, 0)
+        return seconds
 
     def _decode_tokens(self, reqs: list[Req]) -> tuple[list[int], list[int]]:
         """One decode step's tokens (a decode batch, or a mixed chunk's decode rows): EOS where it is due;

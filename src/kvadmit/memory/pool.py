@@ -27,6 +27,20 @@ def new_slots(values: Iterable[int] = ()) -> array[int]:
     return array(SLOT_TYPECODE, values)
 
 
+# 0, 1, 2, …: a pool's never-used pages are handed out as slices of it, a memory copy, where extending a
+# slot array from a range converts every int (a fleet's replicas spend their first thousands of requests
+# taking fresh pages). Shared by every pool, grown by doubling up to the largest id asked for.
+_COUNTING: list[array[int]] = [new_slots()]
+
+
+def _counting(start: int, stop: int) -> array[int]:
+    """The slot array [start, stop)."""
+    ids = _COUNTING[0]
+    if stop > len(ids):
+        ids = _COUNTING[0] = new_slots(range(min(max(stop, 2 * len(ids)), MAX_SLOTS)))
+    return ids[start:stop]
+
+
 def pages_for(tokens: int, page_size: int) -> int:
     """Whole pages that hold `tokens` tokens: ⌈tokens / page_size⌉ (floor division of the negation
     rounds toward −∞, so negating it back rounds up)."""
@@ -71,7 +85,7 @@ class TokenPool:
             del self._returned[-k:]
             n -= k
         if n:
-            taken.extend(range(self._fresh, self._fresh + n))
+            taken.extend(_counting(self._fresh, self._fresh + n))
             self._fresh += n
         return taken
 

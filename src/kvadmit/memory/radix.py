@@ -30,6 +30,18 @@ class RadixNode:
     lock_ref: int = 0
     last_access: int = 0
 
+    # Written out (the fields and defaults, tests/test_native_inits.py): mypyc then builds it natively.
+    def __init__(
+        self, key: list[int], value: array[int], parent: RadixNode | None, children: dict[object, RadixNode],
+        lock_ref: int = 0, last_access: int = 0,
+    ) -> None:  # fmt: skip
+        self.key = key
+        self.value = value
+        self.parent = parent
+        self.children = children
+        self.lock_ref = lock_ref
+        self.last_access = last_access
+
 
 class CachedRequest(Protocol):
     """What the cache reads and updates on a request (the scheduler's Req is one): its tokens, the pool

@@ -4,6 +4,11 @@ the scheduler itself never formats text or reads a clock."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Final
+
+# object.__setattr__, read once: a frozen dataclass's __init__ sets its fields through it (looking it up on
+# `object` at each call was most of such an __init__'s cost in the compiled core).
+_set_field: Final = object.__setattr__
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,6 +27,37 @@ class PrefillBatchStats:
     hit_tokens_for_rate: int  # cached tokens of non-retracted requests (for sglang:cache_hit_rate)
     input_tokens_for_rate: int
     reprocessed_input_tokens: int = 0  # of input_tokens_for_rate, those of retracted requests (recomputed)
+
+    # Written out (the fields, in order, with their defaults; tests/test_native_inits.py checks): the
+    # compiled core builds it natively, where dataclass's generated __init__ is interpreted Python.
+    # (Frozen: fields are set as dataclass's own __init__ sets them, through object.__setattr__.)
+    def __init__(
+        self,
+        new_seq: int,
+        new_token: int,
+        cached_token: int,
+        num_used_tokens: int,
+        token_usage: float,
+        running_req: int,
+        queue_req: int,
+        pending_token: int,
+        new_token_ratio: float,
+        hit_tokens_for_rate: int,
+        input_tokens_for_rate: int,
+        reprocessed_input_tokens: int = 0,
+    ) -> None:
+        _set_field(self, "new_seq", new_seq)
+        _set_field(self, "new_token", new_token)
+        _set_field(self, "cached_token", cached_token)
+        _set_field(self, "num_used_tokens", num_used_tokens)
+        _set_field(self, "token_usage", token_usage)
+        _set_field(self, "running_req", running_req)
+        _set_field(self, "queue_req", queue_req)
+        _set_field(self, "pending_token", pending_token)
+        _set_field(self, "new_token_ratio", new_token_ratio)
+        _set_field(self, "hit_tokens_for_rate", hit_tokens_for_rate)
+        _set_field(self, "input_tokens_for_rate", input_tokens_for_rate)
+        _set_field(self, "reprocessed_input_tokens", reprocessed_input_tokens)
 
     def at_report(self, queue_req: int, num_used_tokens: int, token_usage: float) -> PrefillBatchStats:
         """The same stats with the queue and the pool as they are when the line is printed: SGLang reads
@@ -54,6 +90,25 @@ class DecodeBatchStats:
     queue_req: int
     generated_tokens: int  # tokens generated since the previous decode line (for gen throughput)
     sum_seq_lens: int = 0  # Σ KV length of the batch's requests after the step (sglang:decode_sum_seq_lens)
+
+    # Written out (the fields, in order, with their defaults; tests/test_native_inits.py checks): the
+    # compiled core builds it natively, where dataclass's generated __init__ is interpreted Python.
+    # (Frozen: fields are set as dataclass's own __init__ sets them, through object.__setattr__.)
+    def __init__(
+        self,
+        running_req: int,
+        num_used_tokens: int,
+        token_usage: float,
+        queue_req: int,
+        generated_tokens: int,
+        sum_seq_lens: int = 0,
+    ) -> None:
+        _set_field(self, "running_req", running_req)
+        _set_field(self, "num_used_tokens", num_used_tokens)
+        _set_field(self, "token_usage", token_usage)
+        _set_field(self, "queue_req", queue_req)
+        _set_field(self, "generated_tokens", generated_tokens)
+        _set_field(self, "sum_seq_lens", sum_seq_lens)
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,6 +41,30 @@ class ScheduledBatch:
     decoding: list[Req] | None = None
     finish_stamp: int = 0  # the scheduler's count of ended requests when it handed the batch out
 
+    # Written out (the fields, in order, with their defaults; tests/test_native_inits.py checks): the
+    # compiled core builds it natively, where dataclass's generated __init__ is interpreted Python.
+    def __init__(
+        self,
+        kind: Literal["prefill", "decode"],
+        reqs: list[Req],
+        chunked: Req | None = None,
+        stats: PrefillBatchStats | None = None,
+        kv_tokens: int = -1,
+        kvs: list[array[int]] | None = None,
+        outs: list[list[int]] | None = None,
+        decoding: list[Req] | None = None,
+        finish_stamp: int = 0,
+    ) -> None:
+        self.kind = kind
+        self.reqs = reqs
+        self.chunked = chunked
+        self.stats = stats
+        self.kv_tokens = kv_tokens
+        self.kvs = kvs
+        self.outs = outs
+        self.decoding = decoding
+        self.finish_stamp = finish_stamp
+
 
 @dataclass(slots=True)
 class AdmissionRecord:
@@ -57,6 +81,33 @@ class AdmissionRecord:
     budgets: list[Budget] = field(default_factory=list)  # before each looked-at request (explain=True)
     preempted: list[Req] = field(default_factory=list)  # running requests priority preemption took out
 
+    # Written out (the fields, in order, with their defaults; tests/test_native_inits.py checks): the
+    # compiled core builds it natively, where dataclass's generated __init__ is interpreted Python.
+    # (A list field left out or passed as None starts empty, as its default_factory makes it.)
+    def __init__(
+        self,
+        running_bs: int,
+        allocatable: int = 0,
+        gate: str | None = None,
+        adder: AdmissionPass | None = None,
+        looked_at: list[Req] | None = None,
+        verdict: AddResult | None = None,
+        stopped_at: Req | None = None,
+        stop_cause: str = "end",
+        budgets: list[Budget] | None = None,
+        preempted: list[Req] | None = None,
+    ) -> None:
+        self.running_bs = running_bs
+        self.allocatable = allocatable
+        self.gate = gate
+        self.adder = adder
+        self.looked_at = [] if looked_at is None else looked_at
+        self.verdict = verdict
+        self.stopped_at = stopped_at
+        self.stop_cause = stop_cause
+        self.budgets = [] if budgets is None else budgets
+        self.preempted = [] if preempted is None else preempted
+
 
 @dataclass(slots=True)
 class StepOutcome:
@@ -67,3 +118,8 @@ class StepOutcome:
     answers each request once, when it first hears of its end (the Engine does)."""
 
     finished: list[Req] = field(default_factory=list)  # requests that ended in this step
+
+    # Written out (the fields, in order, with their defaults; tests/test_native_inits.py checks): the
+    # compiled core builds it natively, where dataclass's generated __init__ is interpreted Python.
+    def __init__(self, finished: list[Req] | None = None) -> None:
+        self.finished = [] if finished is None else finished

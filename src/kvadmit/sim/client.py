@@ -34,6 +34,23 @@ class _Flight:
     pieces: list[Piece] = field(default_factory=list)
     decoding_from: int = -1  # the decode step index its current run starts at, or −1
 
+    # Written out (the fields, in order, with their defaults; tests/test_native_inits.py checks): the
+    # compiled core builds it natively, where dataclass's generated __init__ is interpreted Python.
+    # (`pieces` left out or passed as None starts empty.)
+    def __init__(
+        self,
+        spec: SimRequest,
+        outcome: RequestOutcome | None,
+        sent: float,
+        pieces: list[Piece] | None = None,
+        decoding_from: int = -1,
+    ) -> None:
+        self.spec = spec
+        self.outcome = outcome
+        self.sent = sent
+        self.pieces = [] if pieces is None else pieces
+        self.decoding_from = decoding_from
+
 
 class SimClient:
     """The engine's Listener (and a Retraction observer); `send_due` sends requests whose time has come."""

@@ -9,8 +9,9 @@ exactly as stepping would and in the same order, everything whose result is a nu
 ratio's decay, the pool's allocation (the same slot ids), the step's cost from the cost model, the clock,
 the step counters, the decode log line every --decode-log-interval steps, the step observers (step trace,
 the client's token times, a replica's KV usage). What it puts off is the per-request work: each request's
-token and KV slot are appended in bulk (`_flush`) when the run of quiet steps ends, or before anything
-reads a request's lengths (the decode log line's #seq-len sum).
+tokens are appended in bulk (`_flush`) when the run of quiet steps ends, or before anything reads a
+request's lengths (the decode log line's #seq-len sum); so are its KV pages at page size > 1. At page size
+1 a quiet step's slots go to the running batch as an ordinary step's do (owed there, owed_slots.py).
 
 `Leaper.leap(bound, max_rounds)` runs quiet steps while each starts before `bound` (the next arrival)
 and returns how many it ran; 0 means the next step is not quiet: the caller runs it with Engine.step().
@@ -60,6 +61,7 @@ class Leaper:
         self.outs: list[list[int]] = []
         self.members: set[int] | None = None  # ids of the running requests (built when first needed)
         self.text: list[int] = []  # a quiet step's tokens
+        self.result: StepResult | None = None  # the last quiet step's result (_result)
         self.batch: ScheduledBatch | None = None  # non-overlap: the batch every quiet step reports
         self.spare: ScheduledBatch | None = None  # overlap: a batch of ours whose result was processed
         self.pending_quiet = False  # overlap: the result in flight has no stop token
@@ -67,8 +69,7 @@ class Leaper:
         self.rounds = 0  # quiet steps since armed
         self.total = 0  # quiet steps run
         self.tokens_owed = 0  # quiet steps whose token each running request has not been given yet
-        self.kv_owed = 0  # quiet steps whose slot each running request has not been given yet
-        self.slots = s.pool.alloc_decode(0)  # page size 1: the owed slots, step after step, B a step
+        self.kv_owed = 0  # page size > 1: quiet steps whose slot each running request has not been given yet
         self.pages: dict[int, list[int]] = {}  # page size > 1: request position → pages it took
         self.groups: list[list[int]] = []  # page size > 1: positions by (−len(kv)) mod page size
 
@@ -104,7 +105,6 @@ class Leaper:
         self.above_rounds = min(
             (r.max_new_tokens - len(r.output_ids) - run.clip for r in run._above), default=1 << 62
         )
-        run.settle_all()  # a leap owes slots of its own, after these
         if last.reqs == run.reqs and last.kvs is not None and last.outs is not None:
             self.reqs, self.kvs, self.outs = last.reqs, last.kvs, last.outs  # the batch's own copies
         else:
@@ -194,13 +194,15 @@ class Leaper:
         s.ratio.decay_step()
         pool, n = s.pool, len(self.reqs)
         if self.page == 1:
-            self.slots.extend(pool.alloc_decode(n))
+            # as a decode step gives them: into the running batch, owed there with its own steps' slots
+            # (scheduler/owed_slots.py; or appended at once where the scheduler does not defer them)
+            run.give_decode_slots(pool.alloc_decode(n))
         else:
             pages = self.pages
             for i in self.groups[self.kv_owed % self.page]:  # those whose KV fills whole pages, in order
                 pages.setdefault(i, []).append(pool._take_pages(1)[0])
-        self.kv_owed += 1
-        run.kv_tokens += n
+            self.kv_owed += 1
+            run.kv_tokens += n
         s.forward_ct += 1
         # next_batch: keep the finish log back to the oldest batch whose result is still to come
         oldest = s.in_flight.finish_stamp if s.in_flight is not None else s._finish_count
@@ -238,7 +240,7 @@ class Leaper:
         seconds = self.executor.quiet_decode(len(self.reqs), self.run.kv_tokens)
         eng.launched += 1
         self.clock.wait_until(start + seconds)
-        self._process(batch, StepResult(self.text, seconds))
+        self._process(batch, self._result(seconds))
 
     def _step_overlap(self) -> None:
         s, eng = self.sched, self.engine
@@ -263,9 +265,18 @@ class Leaper:
             result = self.executor.run(batch)
             self.pending_quiet = False
         else:
-            result = StepResult(self.text, self.executor.quiet_decode(len(self.reqs), batch.kv_tokens))
+            result = self._result(self.executor.quiet_decode(len(self.reqs), batch.kv_tokens))
         eng.launched += 1
         eng.pending = (batch, result, start + result.seconds)
+
+    def _result(self, seconds: float) -> StepResult:
+        """A quiet step's result: the last one while the tokens and the time are the same (nothing
+        changes a result; building a NamedTuple is interpreted Python, even in the compiled core)."""
+        r = self.result
+        # (never a zero time: 0.0 and −0.0 are equal and print differently)
+        if r is None or r.next_token_ids is not self.text or r.seconds != seconds or not seconds:
+            r = self.result = StepResult(self.text, seconds)
+        return r
 
     # ----- the public part ----------------------------------------------------------------------------
     def leap(self, bound: float = float("inf"), max_rounds: int = 1 << 62) -> int:
@@ -299,21 +310,16 @@ class Leaper:
             self.reqs, self.kvs, self.outs = [], [], []
 
     def _flush(self) -> None:
-        """Give every running request its owed tokens and KV slots, as the quiet steps would have."""
+        """Give every running request its owed tokens and (page size > 1) KV pages, as the quiet steps
+        would have. (Page size 1: the running batch holds the quiet steps' slots, see _pass.)"""
         n, b = self.tokens_owed, len(self.reqs)
         if n:
             block = [TEXT_TOKEN_ID] * n
             deque(map(list.extend, self.outs, repeat(block, b)), maxlen=0)
             self.tokens_owed = 0
-        if not self.kv_owed:
-            return
-        if self.page == 1:
-            slots = self.slots  # step k gave request i slots[k·B + i]
-            deque(map(array.extend, self.kvs, [slots[i::b] for i in range(b)]), maxlen=0)
-            self.slots = slots[:0]
-        else:
+        if self.kv_owed:
             self._flush_pages()
-        self.kv_owed = 0
+            self.kv_owed = 0
 
     def _flush_pages(self) -> None:
         p, owed = self.page, self.kv_owed
