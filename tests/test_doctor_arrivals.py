@@ -1,6 +1,6 @@
 """Issue 21: where in its whole-second stamp each inferred arrival is placed, and the log's own seed for
 the draws of what the log does not show. Expected values worked out by hand from the rules
-(reconstruct_workload.arrival_dispersion, random_within_seconds; reconstruct.log_seed;
+(arrivals.arrival_dispersion, random_within_seconds; reconstruct.log_seed;
 resimulate.build_replay)."""
 
 from __future__ import annotations
@@ -11,14 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from kvadmit.doctor.observed import observe_lines, read_observed
-from kvadmit.doctor.reconstruct import Reconstruction, log_seed, reconstruct
-from kvadmit.doctor.reconstruct_workload import (
-    Start,
+from kvadmit.doctor.arrivals import (
     arrival_dispersion,
     infer_arrivals,
     per_second_counts,
     random_within_seconds,
+)
+from kvadmit.doctor.observed import observe_lines, read_observed
+from kvadmit.doctor.reconstruct import Reconstruction, log_seed, reconstruct
+from kvadmit.doctor.reconstruct_workload import (
+    Start,
     window_events,
 )
 from kvadmit.doctor.resimulate import build_replay

@@ -10,6 +10,9 @@ from pathlib import Path
 import pytest
 
 from kvadmit.costmodel.costmodel import DecodeCost
+from kvadmit.doctor.arrivals import (
+    arrival_rate,
+)
 from kvadmit.doctor.inferred import Inferred
 from kvadmit.doctor.lengths import OutputLengths
 from kvadmit.doctor.observed import observe_lines
@@ -21,7 +24,6 @@ from kvadmit.doctor.reconstruct_server import (
     infer_overlap,
 )
 from kvadmit.doctor.reconstruct_workload import (
-    arrival_rate,
     infer_lengths,
     infer_prompt,
     infer_prompt_spread,

@@ -10,6 +10,7 @@ from typing import Any
 
 from kvadmit.config import ServerArgs
 from kvadmit.costmodel.costmodel import CostModel
+from kvadmit.doctor import arrivals as arrivals_from_log
 from kvadmit.doctor import reconstruct_server as server
 from kvadmit.doctor import reconstruct_workload as workload
 from kvadmit.doctor.inferred import Inferred
@@ -43,7 +44,7 @@ class Reconstruction:
     window: tuple[float, float]  # absolute seconds: the part of the log simulated
     resolution_s: float  # the timestamps' resolution (1 s for SGLang's)
     start: workload.Start
-    arrivals: workload.Arrivals
+    arrivals: arrivals_from_log.Arrivals
     prompt_len: Inferred[float]
     output_len: Inferred[float]
     max_new_tokens: Inferred[float]
@@ -205,7 +206,7 @@ def reconstruct(obs: Observed) -> Reconstruction:
         raise CannotReconstruct("no batch line in the window")
     resolution = _resolution(obs)
     seed = log_seed(obs)
-    arrivals = workload.infer_arrivals(events, start, t1 - t0 + resolution, resolution, seed)
+    arrivals = arrivals_from_log.infer_arrivals(events, start, t1 - t0 + resolution, resolution, seed)
     tracked = track_readmissions(obs)
     prompt_in = workload.infer_prompt(obs, tracked)
     unfreed = workload.unfreed_by_retraction(obs, tracked, prompt_in.value) if prompt_in else 0.0
