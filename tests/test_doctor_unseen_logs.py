@@ -10,24 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from kvadmit.doctor.diagnose import Inputs, diagnose
-from kvadmit.doctor.model import Diagnosis
+from doctor_helpers import LOGS, run, run_lines
 from kvadmit.doctor.observed import read_observed
 from kvadmit.doctor.parse import HTTP, LineParser
 from kvadmit.doctor.reconstruct import CannotReconstruct, reconstruct
-
-LOGS = Path(__file__).parent / "data" / "logs"
-
-
-def run(name: str) -> Diagnosis:
-    return diagnose(Inputs(log=str(next(LOGS.glob(f"{name}-*.log")))))
-
-
-def run_lines(tmp_path: Path, lines: list[str]) -> Diagnosis:
-    log = tmp_path / "x.log"
-    log.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return diagnose(Inputs(log=str(log)))
-
 
 # -- the logs ------------------------------------------------------------------------------------------
 

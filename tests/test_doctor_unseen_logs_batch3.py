@@ -8,23 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvadmit.doctor.diagnose import Inputs, diagnose
-from kvadmit.doctor.model import Diagnosis
+from doctor_helpers import run, run_lines
 from kvadmit.doctor.parse import GPU_OOM, KV_ALLOC, KV_ALLOC_DETAIL, RETRACT, LineParser
 from kvadmit.scheduler.errors import out_of_memory_message
-
-LOGS = Path(__file__).parent / "data" / "logs"
-
-
-def run(name: str) -> Diagnosis:
-    return diagnose(Inputs(log=str(next(LOGS.glob(f"{name}-*.log")))))
-
-
-def run_lines(tmp_path: Path, lines: list[str]) -> Diagnosis:
-    log = tmp_path / "x.log"
-    log.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return diagnose(Inputs(log=str(log)))
-
 
 # -- the logs ------------------------------------------------------------------------------------------
 
