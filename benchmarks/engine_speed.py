@@ -41,7 +41,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from llama_cpp_sides import LLAMA_SIDES, llama_body, llama_command, llama_label, llama_notes
-from machine import cpu_model, publish
+from machine import cpu_features, cpu_model, publish
 
 HERE = Path(__file__).resolve().parent
 TEXT = HERE.parent / "tests" / "data" / "agreement_text.txt"
@@ -229,7 +229,7 @@ def report(ns: argparse.Namespace, results: dict[str, list[dict[str, float]]], a
     lines = [
         "# benchmarks/engine_speed.py: SmolLM2-135M-Instruct, kvadmit serve vs llama.cpp's server",
         f"date: {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC",
-        f"machine: {cpu_model()} (AVX512-BF16, AMX), {os.cpu_count()} cores SHARED with other jobs; "
+        f"machine: {cpu_model()} ({cpu_features()}), {os.cpu_count()} cores SHARED with other jobs; "
         f"Python {platform.python_version()}; {ns.threads} thread(s) per server; load average "
         f"{loads[0]:.1f} before, {loads[1]:.1f} after; best of {ns.rounds} round(s) per side",
         "command: " + " ".join(["python", "benchmarks/engine_speed.py", *sys.argv[1:]]),

@@ -16,6 +16,26 @@ def cpu_model() -> str:
     return platform.processor() or "unknown CPU"
 
 
+def cpu_features() -> str:
+    """The instruction sets a CPU-side figure depends on, read from the CPU's own flags (not assumed):
+    e.g. "AVX-512 with BF16, no AMX" or "AVX2, no native bfloat16"."""
+    flags: set[str] = set()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    break
+    except OSError:
+        return "instruction sets unknown"
+    if "avx512f" in flags:
+        vector = "AVX-512 with BF16" if "avx512_bf16" in flags else "AVX-512, no native bfloat16"
+    else:
+        vector = "AVX2" if "avx2" in flags else "no AVX2"
+        vector += ", no native bfloat16"
+    return vector + (", AMX" if "amx_tile" in flags else ", no AMX")
+
+
 def publish(lines: list[str], output: str) -> None:
     """Print a benchmark's report and, unless output is "-", write it to that file too."""
     text = "\n".join(lines) + "\n"
