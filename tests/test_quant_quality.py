@@ -44,6 +44,21 @@ def test_greedy_agreement_with_float32(
     assert agreement(reference, greedy_tokens(model, ids)) >= BARS[name]
 
 
+def test_batched_decode_agrees_with_float32(folder_and_reference: tuple[Path, list[int], list[int]]) -> None:
+    """The same bar on the decode path: 8 pieces of the text decoded side by side, teacher-forced (the
+    batched attention multiplies in the bf16 pool's dtype), against float32 reading each piece alone."""
+    from kvadmit.model.agreement import agreement, decode_tokens, greedy_tokens
+    from kvadmit.model.loading import load_hf_folder
+
+    folder, ids, _ = folder_and_reference
+    length = len(ids) // 8
+    parts = [ids[i * length : (i + 1) * length] for i in range(8)]
+    float32 = load_hf_folder(folder, torch.float32)
+    reference = [t for part in parts for t in greedy_tokens(float32, part)]
+    model = load_hf_folder(folder, torch.float32, quantization="int4")
+    assert agreement(reference, decode_tokens(model, parts)) >= BARS["int4"]
+
+
 @pytest.mark.parametrize("name", [None, *BARS])
 def test_every_setting_answers_paris(name: str | None, folder_and_reference: object) -> None:
     import kvadmit

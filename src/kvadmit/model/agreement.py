@@ -25,6 +25,28 @@ def greedy_tokens(model: CausalLM, ids: list[int]) -> list[int]:
     return out
 
 
+def decode_tokens(model: CausalLM, parts: list[list[int]]) -> list[int]:
+    """The decode path's greedy next tokens, teacher-forced: the sequences `parts` (of one length) are
+    decoded side by side, one token of each a step, so that every step is a batched decode (the attention
+    of forward_batch.py over the gathered pool slots); the most likely next token after each prefix,
+    sequence after sequence, comparable with `greedy_tokens` of each part."""
+    length = len(parts[0])
+    if any(len(p) != length for p in parts):
+        raise ValueError("the parts must have one length")
+    pool = model.new_kv_pool(len(parts) * length + 1)  # slot 0 stays the padding slot
+    starts = [1 + b * length for b in range(len(parts))]
+    out: list[list[int]] = [[] for _ in parts]
+    for t in range(length):
+        seqs = [Sequence(torch.arange(s, s + t + 1), 1) for s in starts]
+        ids = torch.tensor([p[t] for p in parts])
+        fb = ForwardBatch.build(ids, torch.full((len(parts),), t), seqs, model.device)
+        for row, token in zip(
+            out, model.forward_batch(fb, pool).float().argmax(dim=-1).tolist(), strict=True
+        ):
+            row.append(token)
+    return [token for row in out for token in row]
+
+
 def agreement(reference: list[int], other: list[int]) -> float:
     """The share of positions where two greedy token lists agree."""
     if len(reference) != len(other) or not reference:

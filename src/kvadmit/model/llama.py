@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kvadmit.model.forward_batch import ForwardBatch, Sequence, pool_attention
+from kvadmit.model.quant import dense_weights_held
 
 __all__ = ["CausalLM", "ForwardBatch", "ModelConfig", "Sequence", "fuse_hf_state"]
 
@@ -189,7 +190,12 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] > MLP_ROWS:  # a long prefill: its [rows, 2·intermediate] temporaries a block at a time
-            return torch.cat([self.forward(block) for block in x.split(MLP_ROWS)])
+            # (quantized weights dequantized once for all the blocks, in the dtype their kernels take)
+            with dense_weights_held((self.gate_up_proj, self.down_proj), torch.bfloat16):
+                return torch.cat([self._block(block) for block in x.split(MLP_ROWS)])
+        return self._block(x)
+
+    def _block(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 

@@ -19,6 +19,8 @@ twin, the best 16 recomputed in float32 from the exact weight. The KV pool is bf
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -81,6 +83,7 @@ class Int8Linear(nn.Module):
         self.register_buffer("scales", scales, persistent=False)
         self.register_buffer("bias", bias, persistent=False)
         self.out_features, self.in_features = q.shape
+        self.held: torch.Tensor | None = None  # the dequantized weight, inside `dense_weights_held`
 
     def weight_as(self, dtype: torch.dtype, rows: int | None = None) -> torch.Tensor:
         return self.qweight[:rows].to(dtype) * self.scales[:rows].to(dtype)[:, None]
@@ -89,10 +92,14 @@ class Int8Linear(nn.Module):
         """The weight this layer multiplies by, [N, K] float32: scale · q (the first `rows` rows if given)."""
         return self.weight_as(torch.float32, rows)
 
+    def _dense(self, dtype: torch.dtype) -> torch.Tensor:
+        held = self.held
+        return held if held is not None and held.dtype == dtype else self.weight_as(dtype)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features).to(self.scales.dtype)
         if flat.shape[0] > KERNEL_MAX_ROWS[8]:
-            out = F.linear(flat, self.weight_as(flat.dtype), self.bias)
+            out = F.linear(flat, self._dense(flat.dtype), self.bias)
         else:
             out = torch.ops.aten._weight_int8pack_mm(flat, self.qweight, self.scales)
             if self.bias is not None:
@@ -122,6 +129,7 @@ class Int4Linear(nn.Module):
         if not torch.equal(unpack_cpu_int4(self.packed, n, k), q.to(torch.uint8)):
             nibbles = (q[:, 0::2] | (q[:, 1::2] << 4)).to(torch.uint8)
         self.register_buffer("nibbles", nibbles, persistent=False)
+        self.held: torch.Tensor | None = None  # the dequantized weight, inside `dense_weights_held`
 
     @classmethod
     def concatenate(cls, parts: list[Int4Linear], bias: torch.Tensor | None) -> Int4Linear:
@@ -153,10 +161,14 @@ class Int4Linear(nn.Module):
         to the activation dtype)."""
         return self.weight_as(torch.float32, rows)
 
+    def _dense(self, dtype: torch.dtype) -> torch.Tensor:
+        held = self.held
+        return held if held is not None and held.dtype == dtype else self.weight_as(dtype)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features).to(self.scales_zeros.dtype)
         if flat.shape[0] > KERNEL_MAX_ROWS[4]:
-            out = F.linear(flat, self.weight_as(flat.dtype), self.bias)
+            out = F.linear(flat, self._dense(flat.dtype), self.bias)
         else:
             out = torch.ops.aten._weight_int4pack_mm_for_cpu(
                 flat, self.packed, self.group_size, self.scales_zeros
@@ -164,6 +176,21 @@ class Int4Linear(nn.Module):
             if self.bias is not None:
                 out = out + self.bias
         return out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+
+
+@contextmanager
+def dense_weights_held(layers: tuple[nn.Module, ...], dtype: torch.dtype) -> Iterator[None]:
+    """Inside, each quantized layer of `layers` multiplies long inputs (over KERNEL_MAX_ROWS rows) by one
+    dequantized copy of its weight, made on entry, instead of dequantizing at every call: for a caller that
+    feeds a long prefill through the same layers a block of rows at a time (llama.MLP)."""
+    quantized = [m for m in layers if isinstance(m, (Int8Linear, Int4Linear))]
+    for m in quantized:
+        m.held = m.weight_as(dtype)
+    try:
+        yield
+    finally:
+        for m in quantized:
+            m.held = None
 
 
 def unpack_cpu_int4(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
