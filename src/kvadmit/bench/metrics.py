@@ -8,7 +8,7 @@ chunk, the gaps between later tokens, its end-to-end latency and the server's co
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -52,25 +52,67 @@ class BenchmarkMetrics:
     itl_ms: dict[str, float]  # … and max
 
 
-def _stats(values: Sequence[float], with_max: bool = False, scratch: bool = False) -> dict[str, float]:
+def _stats(values: Sequence[float], with_max: bool = False) -> dict[str, float]:
     """Mean, median, percentiles and standard deviation in ms; an empty list counts as [0], as
-    bench_serving's `or 0` does. `scratch`: `values` is an array the caller no longer needs, partitioned
-    in place (no copy)."""
+    bench_serving's `or 0` does."""
     arr = np.asarray(values, dtype=float) if len(values) else np.zeros(1)
-    mean, top = float(np.mean(arr)), float(np.max(arr))  # (before the partition reorders a scratch array)
     # np.median is the 50th percentile (linear interpolation), so one partition serves all four.
-    p50, p90, p95, p99 = np.percentile(arr, [50, 90, 95, 99], overwrite_input=scratch)
+    p50, p90, p95, p99 = np.percentile(arr, [50, 90, 95, 99])
+    return _ms(float(np.mean(arr)), (p50, p90, p95, p99), float(np.std(arr)), float(np.max(arr)), with_max)
+
+
+def _ms(mean: float, pcts: Sequence[float], std: float, top: float, with_max: bool) -> dict[str, float]:
+    p50, p90, p95, p99 = pcts
     out = {
         "mean": mean * 1000,
         "median": float(p50) * 1000,
         "p90": float(p90) * 1000,
         "p95": float(p95) * 1000,
         "p99": float(p99) * 1000,
-        "std": float(np.std(arr)) * 1000,  # population std (numpy's default), for the JSON line
+        "std": std * 1000,  # population std (numpy's default), for the JSON line
     }
     if with_max:
         out["max"] = top * 1000
     return out
+
+
+def _itl_stats(gaps: np.ndarray) -> dict[str, float]:
+    """_stats of every ITL gap, with the max, without a temporary as large as the data (there may be
+    hundreds of millions): the mean and max over the gaps in order, the percentiles from one partition,
+    in place (this reorders `gaps`), and the standard deviation over the gaps as the partition left them,
+    as this summary has always taken it."""
+    if not len(gaps):
+        return _stats(gaps, with_max=True)
+    mean, top = float(np.mean(gaps)), float(np.max(gaps))
+    pcts = np.percentile(gaps, [50, 90, 95, 99], overwrite_input=True)
+    return _ms(mean, pcts, pairwise_std(gaps), top, with_max=True)
+
+
+_LEAF = 1 << 15  # elements per leaf of pairwise_std (256 KiB of doubles: a cache-sized scratch)
+
+
+def pairwise_std(a: np.ndarray) -> float:
+    """np.std(a) (float64, contiguous), bit for bit, without its temporary (a - mean)² of a's size.
+    numpy sums a float64 array pairwise (loops_utils.h): a range of more than 128 elements is split at
+    half its length rounded down to a multiple of 8 and the halves' sums added; np.add.reduce of a
+    contiguous array is 0.0 + that sum of the whole. So the sum of squares is taken by the same splits
+    down to leaves of at most _LEAF elements, each squared into one small buffer and reduced by numpy
+    (whose sum of a leaf is that leaf's pairwise sum: the same additions in the same order)."""
+    n = len(a)
+    mean = float(np.add.reduce(a)) / n  # _var's mean: the sum divided by the count
+    buf = np.empty(min(n, _LEAF))
+    return float(np.sqrt(_sq_dev_sum(a, mean, buf) / n))
+
+
+def _sq_dev_sum(a: np.ndarray, mean: float, buf: np.ndarray) -> float:
+    n = len(a)
+    if n <= _LEAF:
+        d = np.subtract(a, mean, out=buf[:n])
+        np.multiply(d, d, out=d)
+        return float(np.add.reduce(d))
+    half = n // 2
+    half -= half % 8
+    return _sq_dev_sum(a[:half], mean, buf) + _sq_dev_sum(a[half:], mean, buf)
 
 
 def peak_per_second(outcomes: Sequence[RequestOutcome]) -> tuple[float, int]:
@@ -104,41 +146,65 @@ def _peak_per_second(ok: list[RequestOutcome], gaps: np.ndarray) -> tuple[float,
     counted = first < last
     np.add.at(open_requests, first[counted], 1)
     np.add.at(open_requests, last[counted], -1)
-    tokens = np.zeros(buckets, dtype=np.int64)
-    firsts = starts + np.array([o.ttft for o in ok], dtype=float)
-    for times in _token_times(firsts, gaps, np.array([len(o.itl) for o in ok], dtype=np.int64)):
-        b = (times - t0).astype(np.int64).ravel()
-        tokens += np.bincount(b[(b >= 0) & (b < buckets)], minlength=buckets)
+    ttfts = np.array([o.ttft for o in ok], dtype=float)
+    lens = np.array([len(o.itl) for o in ok], dtype=np.int64)
+    # No time before t0 (then no bucket below 0) when no TTFT and no gap is negative: the sums only grow.
+    plain = float(ttfts.min()) >= 0.0 and (not len(gaps) or float(gaps.min()) >= 0.0)
+    tokens = _tokens_per_bucket(starts + ttfts, gaps, lens, t0, buckets, plain)
     return float(np.max(tokens)), int(np.max(np.cumsum(open_requests[:buckets])))
 
 
-def _token_times(firsts: np.ndarray, flat: np.ndarray, lens: np.ndarray) -> Iterator[np.ndarray]:
-    """Every token's arrival time, one group of requests with as many gaps at a time: request i's
-    times are the running sums of [firsts[i], *its lens[i] gaps] (`flat` holds every request's gaps,
-    end to end). A group is one matrix, a row per request, summed along its rows; a row sum adds left to
-    right as a per-request cumsum does, so the floats are the same, for a few numpy calls per group
-    instead of per request."""
-    starts = np.cumsum(lens) - lens  # where each request's gaps start in `flat`
+def _tokens_per_bucket(
+    firsts: np.ndarray, gaps: np.ndarray, lens: np.ndarray, t0: float, buckets: int, plain: bool
+) -> np.ndarray:
+    """How many tokens land in each bucket: request i's token times are the running sums of [firsts[i],
+    *its lens[i] gaps] (`gaps` holds every request's, end to end), its buckets the whole seconds since t0
+    (truncated, as int() does); buckets outside [0, buckets) count nowhere.
+
+    The requests with as many gaps are summed together: their gaps are rows of a sliding window over
+    `gaps`, gathered into one matrix (no index matrix), the first gap of each row plus its first token
+    time (the first addition of the running sum; IEEE addition is commutative, so the same double), then
+    a running sum along the rows, in place: the floats a per-request cumsum gives, for a few numpy
+    calls per group. `plain`: no time is below t0 (no bucket below 0; else each group is masked)."""
+    tokens = np.zeros(buckets, dtype=np.int64)
+
+    def count(times: np.ndarray) -> None:
+        np.subtract(times, t0, out=times)
+        b = times.astype(np.int64).ravel()
+        if not plain:
+            b = b[(b >= 0) & (b < buckets)]
+        tokens[:] += np.bincount(b, minlength=buckets)[:buckets]  # (a bucket past the last is dropped)
+
+    count(firsts.copy())  # every request's first token
+    starts = np.cumsum(lens) - lens  # where each request's gaps start in `gaps`
     order = np.argsort(lens, kind="stable")
     sorted_lens = lens[order]
     edges = np.flatnonzero(np.diff(sorted_lens)) + 1  # where the gap count changes
     for group in np.split(order, edges):
         n = int(lens[group[0]])
-        matrix = np.empty((len(group), n + 1))
-        matrix[:, 0] = firsts[group]
-        matrix[:, 1:] = flat[starts[group][:, None] + np.arange(n)]
-        yield np.cumsum(matrix, axis=1)
+        if n == 0:
+            continue
+        rows = np.lib.stride_tricks.sliding_window_view(gaps, n)[starts[group]]
+        rows[:, 0] += firsts[group]
+        np.cumsum(rows, axis=1, out=rows)
+        count(rows)
+    return tokens
 
 
-def calculate_metrics(outcomes: Sequence[RequestOutcome], duration_s: float) -> BenchmarkMetrics:
+def calculate_metrics(
+    outcomes: Sequence[RequestOutcome], duration_s: float, itls: np.ndarray | None = None
+) -> BenchmarkMetrics:
+    """The metrics of a run. `itls`: every successful outcome's ITL gaps end to end, in order, where the
+    caller already has them as one array (the simulator's client); it is reordered here (the
+    percentiles' partition). Without it they are concatenated here."""
     ok = [o for o in outcomes if o.success]
     per_s = 1.0 / duration_s if duration_s > 0 else 0.0  # a run where nothing ran reports 0 throughput
     total_input = sum(o.prompt_len for o in ok)
     total_output = sum(o.output_len for o in ok)
     tpots = [(o.latency - o.ttft) / (o.output_len - 1) for o in ok if o.output_len > 1]
-    itls = _all_gaps(ok)
+    gaps = _all_gaps(ok) if itls is None else itls
     e2e = [o.latency for o in ok]
-    peak_tokens, peak_requests = _peak_per_second(ok, itls)
+    peak_tokens, peak_requests = _peak_per_second(ok, gaps)
     return BenchmarkMetrics(
         completed=len(ok),
         total_input=total_input,
@@ -155,5 +221,5 @@ def calculate_metrics(outcomes: Sequence[RequestOutcome], duration_s: float) -> 
         e2e_ms=_stats(e2e),
         ttft_ms=_stats([o.ttft for o in ok]),
         tpot_ms=_stats(tpots),
-        itl_ms=_stats(itls, with_max=True, scratch=True),  # last: this reorders itls
+        itl_ms=_itl_stats(gaps),  # last: this reorders the gaps
     )

@@ -35,6 +35,7 @@ from kvadmit.fleet.replica import Replica
 from kvadmit.fleet.router import INF, FleetRouter, RouterSettings
 from kvadmit.observe.request_trace import simulated_line
 from kvadmit.scheduler.events import Event
+from kvadmit.sim.client import fill_token_times
 from kvadmit.sim.run import SimConfig, SimResult, SimulationStalled, WarmupFailed, gc_paused
 
 END, PERIODIC, SEND, STEP = 0, 1, 2, 3
@@ -243,9 +244,10 @@ class _Fleet:
         start: float,
         request_trace: IO[str] | None,
     ) -> FleetResult:
-        for r in self.replicas:
-            r.client.fill_token_times()
+        gathered = fill_token_times([r.client for r in self.replicas], outcomes)
         duration = max((o.start_time + o.latency for o in outcomes), default=start) - start
+        metrics = calculate_metrics(outcomes, duration, gathered.gaps)  # (reorders the gaps:)
+        gathered.rewrite()  # the outcomes' ITL views read them in order again
         routed = [self.routed[f"req-{s.index}"] for s in specs]
         if request_trace is not None:
             tagged = len(self.replicas) > 1
@@ -261,7 +263,7 @@ class _Fleet:
         sim = SimResult(
             outcomes=outcomes,
             duration_s=duration,
-            metrics=calculate_metrics(outcomes, duration),
+            metrics=metrics,
             retractions=sum(r.retractions.count for r in self.replicas),
             steps=sum(r.steps for r in self.replicas),
             scheduler=self.replicas[0].scheduler,

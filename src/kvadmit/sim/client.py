@@ -22,7 +22,7 @@ from kvadmit.engine import Engine, VirtualClock
 from kvadmit.request import FinishKind, Req, SamplingLimits
 from kvadmit.scheduler.events import Event, Retraction
 from kvadmit.scheduler.types import ScheduledBatch
-from kvadmit.sim.token_times import Piece, gather_gaps
+from kvadmit.sim.token_times import Gathered, Piece, gather_gaps
 
 
 @dataclass(slots=True)
@@ -193,13 +193,32 @@ class SimClient:
         out.retokenized_output_len = out.output_len
         self._succeeded.append((flight, out))  # its TTFT and ITL gaps: fill_token_times()
 
-    def fill_token_times(self) -> None:
-        """Set the TTFT and ITL gaps of every request that succeeded since the last call, in one
-        vectorised pass (the same float subtractions a per-request np.diff makes)."""
-        done, self._succeeded = self._succeeded, []
-        if not done:
-            return
-        firsts, gaps, bounds = gather_gaps(self._decode_times[: self.n_decode], [f.pieces for f, _ in done])
-        for k, (flight, out) in enumerate(done):
-            out.ttft = firsts[k] - flight.sent
-            out.itl = gaps[bounds[k] : bounds[k + 1]]  # type: ignore[assignment]  # a view; empty for one token
+
+def fill_token_times(clients: list[SimClient], outcomes: list[RequestOutcome]) -> Gathered:
+    """Set the TTFT and ITL gaps of every request that succeeded (on any of the clients, a fleet's
+    replicas' included) in one vectorised pass (the same float subtractions a per-request np.diff makes).
+    The gaps of every successful outcome, end to end in the order of `outcomes`, are one array (each
+    outcome's `itl` a view of it): what the metrics read (and reorder: then `rewrite()` it)."""
+    where: dict[int, tuple[_Flight, int]] = {}  # id(outcome): its flight, its client's decode offset
+    times: list[np.ndarray] = []
+    base = 0
+    for c in clients:
+        for flight, out in c._succeeded:
+            where[id(out)] = (flight, base)
+        c._succeeded = []
+        times.append(c._decode_times[: c.n_decode])
+        base += c.n_decode
+    done = [o for o in outcomes if o.success]
+    if len(done) != len(where):
+        raise ValueError(f"{len(where)} requests succeeded, {len(done)} of the outcomes say so")
+    flights = [where[id(o)] for o in done]
+    g = gather_gaps(
+        np.concatenate(times) if times else np.empty(0),
+        [f.pieces for f, _ in flights],
+        [off for _, off in flights],
+    )
+    firsts, gaps, bounds = g.firsts, g.gaps, g.bounds
+    for k, out in enumerate(done):
+        out.ttft = firsts[k] - flights[k][0].sent
+        out.itl = gaps[bounds[k] : bounds[k + 1]]  # type: ignore[assignment]  # a view; empty for one token
+    return g

@@ -26,7 +26,7 @@ from kvadmit.observe.startup import startup_info
 from kvadmit.observe.step_trace import step_row
 from kvadmit.scheduler.events import Event, Retraction
 from kvadmit.scheduler.scheduler import ScheduledBatch, Scheduler
-from kvadmit.sim.client import SimClient
+from kvadmit.sim.client import SimClient, fill_token_times
 from kvadmit.sim.leap import Leaper
 from kvadmit.sim.replay import Replay
 
@@ -287,8 +287,10 @@ def _finish(
     steps: int,
     scheduler: Scheduler,
 ) -> SimResult:
-    client.fill_token_times()
+    gathered = fill_token_times([client], outcomes)
     duration = max((o.start_time + o.latency for o in outcomes), default=start) - start
+    metrics = calculate_metrics(outcomes, duration, gathered.gaps)  # (reorders the gaps:)
+    gathered.rewrite()  # the outcomes' ITL views read them in order again
     if request_trace is not None:
         for spec, o in zip(specs, outcomes, strict=True):
             line = simulated_line(
@@ -299,7 +301,7 @@ def _finish(
     return SimResult(
         outcomes=outcomes,
         duration_s=duration,
-        metrics=calculate_metrics(outcomes, duration),
+        metrics=metrics,
         retractions=retractions,
         steps=steps,
         scheduler=scheduler,
