@@ -46,8 +46,13 @@ from machine import cpu_features, cpu_model, publish
 HERE = Path(__file__).resolve().parent
 TEXT = HERE.parent / "tests" / "data" / "agreement_text.txt"
 KVADMIT_SIDES = {"float32": ("float32", None), "bfloat16": ("bfloat16", None), "int8": ("auto", "int8"),
-                 "int4": ("auto", "int4"), "int4-compiled": ("auto", "int4")}  # fmt: skip
-COMPILED = {"int4-compiled"}  # served with --enable-torch-compile (the same arithmetic as int4 otherwise)
+                 "int4": ("auto", "int4"), "int4-compiled": ("auto", "int4"),
+                 "int4-compiled-no-overlap": ("auto", "int4")}  # fmt: skip
+# served with --enable-torch-compile (the same arithmetic as int4 otherwise)
+COMPILED = {"int4-compiled", "int4-compiled-no-overlap"}
+# served with --disable-overlap-schedule: SGLang's non-overlap loop (on one core, the overlap loop's scheduler
+# thread competes with the forward pass for the same CPU)
+NO_OVERLAP = {"int4-compiled-no-overlap"}
 PROMPT_TOKENS, OUTPUT_TOKENS, CONCURRENCY = 512, 128, 16
 
 
@@ -108,6 +113,7 @@ def start(side: str, ns: argparse.Namespace, gguf: Path) -> tuple[subprocess.Pop
                "--log-level", "warning"]  # fmt: skip
         cmd += ["--quantization", quant] if quant else []
         cmd += ["--enable-torch-compile"] if side in COMPILED else []
+        cmd += ["--disable-overlap-schedule"] if side in NO_OVERLAP else []
         health = f"http://127.0.0.1:{port}/health"
     log = Path(ns.logs) / f"engine_speed-{side}.log"
     proc = subprocess.Popen(cmd, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
@@ -283,7 +289,8 @@ def side_label(side: str) -> str:
         return llama_label(side, CONCURRENCY, PROMPT_TOKENS + OUTPUT_TOKENS)
     dtype, quant = KVADMIT_SIDES[side]
     flags = f"--quantization {quant}" if quant else f"--dtype {dtype}"
-    return f"kvadmit serve {flags}" + (" --enable-torch-compile" if side in COMPILED else "")
+    flags += " --enable-torch-compile" if side in COMPILED else ""
+    return f"kvadmit serve {flags}" + (" --disable-overlap-schedule" if side in NO_OVERLAP else "")
 
 
 def main() -> None:

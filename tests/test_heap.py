@@ -3,6 +3,7 @@ by an earlier, larger one), return_freed_memory gives its pages back."""
 
 from __future__ import annotations
 
+import os
 import platform
 
 import pytest
@@ -27,3 +28,15 @@ def test_freed_heap_pages_go_back() -> None:
     assert return_freed_memory()
     assert rss_mb() <= before_free - 14
     assert keep.sum() == 1000
+
+
+def test_kernel_caches_are_bounded_unless_the_environment_says_otherwise(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from kvadmit.model.heap import bound_kernel_caches
+
+    monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", raising=False)
+    monkeypatch.setenv("LRU_CACHE_CAPACITY", "1024")  # a user's own setting stays
+    bound_kernel_caches()
+    assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "16"
+    assert os.environ["LRU_CACHE_CAPACITY"] == "1024"

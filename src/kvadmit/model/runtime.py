@@ -76,12 +76,13 @@ def load_model(
     quantization: str | None = None,
 ) -> LoadedModel:
     from kvadmit.model.device import default_device, resolve_dtype
-    from kvadmit.model.heap import return_freed_memory
+    from kvadmit.model.heap import bound_kernel_caches, return_freed_memory
     from kvadmit.model.loading import check_quantization, load_hf_folder
     from kvadmit.model.quant import NO_QUANTIZATION
     from kvadmit.model.sizing import available_bytes, default_mem_fraction, kv_bytes_per_token, pool_tokens
     from kvadmit.model.tokenizer import load_tokenizer
 
+    bound_kernel_caches()  # before the first matmul (model/heap.py)
     device = device or default_device()
     check_quantization(quantization, device)
     torch_dtype = resolve_dtype(dtype, device, quantized=quantization not in NO_QUANTIZATION)
