@@ -159,6 +159,22 @@ def test_many_rows_dequantize_and_agree_with_the_kernel(name: str) -> None:
     torch.testing.assert_close(twin(x), x @ twin.dequantized().T + twin.bias, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("name", list(QUANTIZATIONS))
+def test_a_held_dense_weight_gives_the_product_of_one_dequantized_per_call(name: str) -> None:
+    """dense_weights_held: long inputs multiplied by the weight dequantized once on entry, bit for bit
+    what dequantizing at each call gives; released on exit."""
+    from kvadmit.model.quant import KERNEL_MAX_ROWS, dense_weights_held
+
+    spec = QUANTIZATIONS[name]
+    twin = quantized_twin(_linear(64, 128, True), spec, torch.bfloat16)
+    x = torch.randn(KERNEL_MAX_ROWS[spec.bits] + 1, 128)
+    per_call = twin(x)
+    with dense_weights_held((twin,)):
+        assert twin.held is not None
+        assert torch.equal(twin(x), per_call)
+    assert twin.held is None
+
+
 def test_a_large_int4_matrix_quantized_in_blocks_equals_the_whole() -> None:
     """Above QUANTIZE_ROWS rows the twin is built a block at a time: the same packed weights, scales and
     product as quantizing the whole matrix at once (here 4096 + 128 rows: two blocks)."""

@@ -28,14 +28,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from kvadmit.bench.metrics import RequestOutcome, calculate_metrics
+from kvadmit.bench.metrics import RequestOutcome
 from kvadmit.bench.workload import SimRequest, build_workload
 from kvadmit.engine import StepObserver
 from kvadmit.fleet.replica import Replica
 from kvadmit.fleet.router import INF, FleetRouter, RouterSettings
 from kvadmit.observe.request_trace import simulated_line
 from kvadmit.scheduler.events import Event
-from kvadmit.sim.client import fill_token_times
+from kvadmit.sim.client import run_metrics
 from kvadmit.sim.run import SimConfig, SimResult, SimulationStalled, WarmupFailed, gc_paused
 
 END, PERIODIC, SEND, STEP = 0, 1, 2, 3
@@ -244,10 +244,7 @@ class _Fleet:
         start: float,
         request_trace: IO[str] | None,
     ) -> FleetResult:
-        gathered = fill_token_times([r.client for r in self.replicas], outcomes)
-        duration = max((o.start_time + o.latency for o in outcomes), default=start) - start
-        metrics = calculate_metrics(outcomes, duration, gathered.gaps)  # (reorders the gaps:)
-        gathered.rewrite()  # the outcomes' ITL views read them in order again
+        duration, metrics = run_metrics([r.client for r in self.replicas], outcomes, start)
         routed = [self.routed[f"req-{s.index}"] for s in specs]
         if request_trace is not None:
             tagged = len(self.replicas) > 1

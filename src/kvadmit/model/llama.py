@@ -190,8 +190,8 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] > MLP_ROWS:  # a long prefill: its [rows, 2·intermediate] temporaries a block at a time
-            # (quantized weights dequantized once for all the blocks, in the dtype their kernels take)
-            with dense_weights_held((self.gate_up_proj, self.down_proj), torch.bfloat16):
+            # (quantized weights dequantized once for all the blocks)
+            with dense_weights_held((self.gate_up_proj, self.down_proj)):
                 return torch.cat([self._block(block) for block in x.split(MLP_ROWS)])
         return self._block(x)
 

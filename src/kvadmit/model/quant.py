@@ -92,14 +92,15 @@ class Int8Linear(nn.Module):
         """The weight this layer multiplies by, [N, K] float32: scale · q (the first `rows` rows if given)."""
         return self.weight_as(torch.float32, rows)
 
-    def _dense(self, dtype: torch.dtype) -> torch.Tensor:
-        held = self.held
-        return held if held is not None and held.dtype == dtype else self.weight_as(dtype)
+    @property
+    def activation_dtype(self) -> torch.dtype:
+        """The dtype its kernel multiplies in (its inputs are converted to it)."""
+        return self.scales.dtype
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, self.in_features).to(self.scales.dtype)
+        flat = x.reshape(-1, self.in_features).to(self.activation_dtype)
         if flat.shape[0] > KERNEL_MAX_ROWS[8]:
-            out = F.linear(flat, self._dense(flat.dtype), self.bias)
+            out = F.linear(flat, self.weight_as(flat.dtype) if self.held is None else self.held, self.bias)
         else:
             out = torch.ops.aten._weight_int8pack_mm(flat, self.qweight, self.scales)
             if self.bias is not None:
@@ -161,14 +162,15 @@ class Int4Linear(nn.Module):
         to the activation dtype)."""
         return self.weight_as(torch.float32, rows)
 
-    def _dense(self, dtype: torch.dtype) -> torch.Tensor:
-        held = self.held
-        return held if held is not None and held.dtype == dtype else self.weight_as(dtype)
+    @property
+    def activation_dtype(self) -> torch.dtype:
+        """The dtype its kernel multiplies in (its inputs are converted to it)."""
+        return self.scales_zeros.dtype
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, self.in_features).to(self.scales_zeros.dtype)
+        flat = x.reshape(-1, self.in_features).to(self.activation_dtype)
         if flat.shape[0] > KERNEL_MAX_ROWS[4]:
-            out = F.linear(flat, self._dense(flat.dtype), self.bias)
+            out = F.linear(flat, self.weight_as(flat.dtype) if self.held is None else self.held, self.bias)
         else:
             out = torch.ops.aten._weight_int4pack_mm_for_cpu(
                 flat, self.packed, self.group_size, self.scales_zeros
@@ -179,13 +181,13 @@ class Int4Linear(nn.Module):
 
 
 @contextmanager
-def dense_weights_held(layers: tuple[nn.Module, ...], dtype: torch.dtype) -> Iterator[None]:
+def dense_weights_held(layers: tuple[nn.Module, ...]) -> Iterator[None]:
     """Inside, each quantized layer of `layers` multiplies long inputs (over KERNEL_MAX_ROWS rows) by one
     dequantized copy of its weight, made on entry, instead of dequantizing at every call: for a caller that
     feeds a long prefill through the same layers a block of rows at a time (llama.MLP)."""
     quantized = [m for m in layers if isinstance(m, (Int8Linear, Int4Linear))]
     for m in quantized:
-        m.held = m.weight_as(dtype)
+        m.held = m.weight_as(m.activation_dtype)
     try:
         yield
     finally:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvadmit.bench.metrics import RequestOutcome
+from kvadmit.bench.metrics import BenchmarkMetrics, RequestOutcome, calculate_metrics
 from kvadmit.bench.workload import SimRequest
 from kvadmit.engine import Engine, VirtualClock
 from kvadmit.request import FinishKind, Req, SamplingLimits
@@ -222,3 +222,16 @@ def fill_token_times(clients: list[SimClient], outcomes: list[RequestOutcome]) -
         out.ttft = firsts[k] - flights[k][0].sent
         out.itl = gaps[bounds[k] : bounds[k + 1]]  # type: ignore[assignment]  # a view; empty for one token
     return g
+
+
+def run_metrics(
+    clients: list[SimClient], outcomes: list[RequestOutcome], start: float
+) -> tuple[float, BenchmarkMetrics]:
+    """(the run's duration from `start`, its metrics), once every request has ended: the token times
+    filled in (fill_token_times), the metrics read from the one array of gaps, which they reorder, then
+    the gaps written back in order for the outcomes' ITL views."""
+    gathered = fill_token_times(clients, outcomes)
+    duration = max((o.start_time + o.latency for o in outcomes), default=start) - start
+    metrics = calculate_metrics(outcomes, duration, gathered.gaps)
+    gathered.rewrite()
+    return duration, metrics

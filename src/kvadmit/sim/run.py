@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import IO
 
-from kvadmit.bench.metrics import BenchmarkMetrics, RequestOutcome, calculate_metrics
+from kvadmit.bench.metrics import BenchmarkMetrics, RequestOutcome
 from kvadmit.bench.workload import SimRequest, WorkloadSpec, build_workload
 from kvadmit.config import SIMULATED_CONTEXT_LENGTH, ServerArgs
 from kvadmit.costmodel.costmodel import CostModel
@@ -26,7 +26,7 @@ from kvadmit.observe.startup import startup_info
 from kvadmit.observe.step_trace import step_row
 from kvadmit.scheduler.events import Event, Retraction
 from kvadmit.scheduler.scheduler import ScheduledBatch, Scheduler
-from kvadmit.sim.client import SimClient, fill_token_times
+from kvadmit.sim.client import SimClient, run_metrics
 from kvadmit.sim.leap import Leaper
 from kvadmit.sim.replay import Replay
 
@@ -287,10 +287,7 @@ def _finish(
     steps: int,
     scheduler: Scheduler,
 ) -> SimResult:
-    gathered = fill_token_times([client], outcomes)
-    duration = max((o.start_time + o.latency for o in outcomes), default=start) - start
-    metrics = calculate_metrics(outcomes, duration, gathered.gaps)  # (reorders the gaps:)
-    gathered.rewrite()  # the outcomes' ITL views read them in order again
+    duration, metrics = run_metrics([client], outcomes, start)
     if request_trace is not None:
         for spec, o in zip(specs, outcomes, strict=True):
             line = simulated_line(
