@@ -10,8 +10,9 @@ import pytest
 import torch
 
 TEXT = Path(__file__).parent / "data" / "agreement_text.txt"
-# The issue's bar is 97%. Measured on this text: int4 98.9%, int8 96.7% (one scale per output channel is
-# coarser than the 32-weight blocks the default model's weights came from); int8's bar is what it keeps.
+# The issue's bar is 97%. Measured on this text: int4 99.6% through kvadmit's kernel, prefill and batched
+# decode alike (98.9% through PyTorch's), int8 96.7% (one scale per output channel is coarser than the
+# 32-weight blocks the default model's weights came from); int8's bar is what it keeps.
 BARS = {"int4": 0.97, "int8": 0.96}
 
 
