@@ -47,9 +47,13 @@ HERE = Path(__file__).resolve().parent
 TEXT = HERE.parent / "tests" / "data" / "agreement_text.txt"
 KVADMIT_SIDES = {"float32": ("float32", None), "bfloat16": ("bfloat16", None), "int8": ("auto", "int8"),
                  "int4": ("auto", "int4"), "int4-compiled": ("auto", "int4"),
-                 "int4-compiled-no-overlap": ("auto", "int4")}  # fmt: skip
+                 "int4-compiled-no-overlap": ("auto", "int4"),
+                 "int4-compiled-torch-kernel": ("auto", "int4")}  # fmt: skip
 # served with --enable-torch-compile (the same arithmetic as int4 otherwise)
-COMPILED = {"int4-compiled", "int4-compiled-no-overlap"}
+COMPILED = {"int4-compiled", "int4-compiled-no-overlap", "int4-compiled-torch-kernel"}
+# int4 through PyTorch's weight-only kernel instead of kvadmit's (KVADMIT_INT4_KERNEL=torch): the engine as
+# it was before model/int4_kernel.c
+TORCH_KERNEL = {"int4-compiled-torch-kernel"}
 # served with --disable-overlap-schedule: SGLang's non-overlap loop (on one core, the overlap loop's scheduler
 # thread competes with the forward pass for the same CPU)
 NO_OVERLAP = {"int4-compiled-no-overlap"}
@@ -104,6 +108,7 @@ def start(side: str, ns: argparse.Namespace, gguf: Path) -> tuple[subprocess.Pop
     """The side's server, healthy; its output goes to a log file beside the output."""
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": str(ns.threads)}
+    env |= {"KVADMIT_INT4_KERNEL": "torch"} if side in TORCH_KERNEL else {}
     if side in LLAMA_SIDES:
         cmd, health = llama_command(side, ns, gguf, port, CONCURRENCY, PROMPT_TOKENS + OUTPUT_TOKENS)
     else:
@@ -187,6 +192,7 @@ def agreements(folder: Path, tokenizer: object, sides: list[str]) -> dict[str, f
     """Greedy next-token agreement with float32 over the agreement text, per kvadmit side."""
     import torch
 
+    from kvadmit.model import int4_native
     from kvadmit.model.agreement import agreement, greedy_tokens
     from kvadmit.model.device import resolve_dtype
     from kvadmit.model.loading import load_hf_folder
@@ -196,14 +202,20 @@ def agreements(folder: Path, tokenizer: object, sides: list[str]) -> dict[str, f
     out = {}
     # a compiled side runs its eager twin's arithmetic (int4-compiled: int4), measured even when that twin
     # is not among the sides
-    eager = dict.fromkeys("int4" if s in COMPILED else s for s in sides)
+    eager = dict.fromkeys(s if s in TORCH_KERNEL else "int4" if s in COMPILED else s for s in sides)
     for side in eager:
         dtype, quant = KVADMIT_SIDES[side]
+        kernel_env = os.environ.pop("KVADMIT_INT4_KERNEL", None)
+        os.environ |= {"KVADMIT_INT4_KERNEL": "torch"} if side in TORCH_KERNEL else {}
+        int4_native.kernel.cache_clear()
         model = load_hf_folder(
             folder, resolve_dtype(dtype, "cpu", quantized=quant is not None), quantization=quant
         )
         out[side] = agreement(reference, greedy_tokens(model, ids))
-    for side in (s for s in sides if s in COMPILED):
+        os.environ.pop("KVADMIT_INT4_KERNEL", None)
+        os.environ |= {} if kernel_env is None else {"KVADMIT_INT4_KERNEL": kernel_env}
+        int4_native.kernel.cache_clear()
+    for side in (s for s in sides if s in COMPILED and s not in TORCH_KERNEL):
         out[side] = out["int4"]
     out["tokens"] = len(ids)
     return out
@@ -290,7 +302,8 @@ def side_label(side: str) -> str:
     dtype, quant = KVADMIT_SIDES[side]
     flags = f"--quantization {quant}" if quant else f"--dtype {dtype}"
     flags += " --enable-torch-compile" if side in COMPILED else ""
-    return f"kvadmit serve {flags}" + (" --disable-overlap-schedule" if side in NO_OVERLAP else "")
+    flags += " --disable-overlap-schedule" if side in NO_OVERLAP else ""
+    return ("KVADMIT_INT4_KERNEL=torch " if side in TORCH_KERNEL else "") + f"kvadmit serve {flags}"
 
 
 def main() -> None:

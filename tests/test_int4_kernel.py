@@ -175,3 +175,40 @@ def test_the_compiled_graph_calls_the_kernel() -> None:
     x = torch.randn(3, 64)
     compiled = torch.compile(lambda t: twin(t * 2) + 1, backend="aot_eager", fullgraph=True)
     assert torch.equal(compiled(x), twin(x * 2) + 1)
+
+
+@needs_kernel
+def test_the_weight_dequantized_in_c_is_the_one_the_layout_holds() -> None:
+    """float32: scale·q + minimum as torch computes it from `unpack`, bit for bit; bf16: that, rounded once
+    (to nearest, ties to even)."""
+    n, k = 48, 96
+    torch.manual_seed(10)
+    q, scales, low = int4_quantize(torch.randn(n, k), GROUP)
+    layer = NativeInt4Linear(pack(q, scales, low), n, k, None)
+    uq, us, ul = unpack(layer.packed, n, k)
+    want = (uq.view(n, k // GROUP, GROUP).float() * us[..., None] + ul[..., None]).reshape(n, k)
+    assert torch.equal(layer.weight_as(torch.float32), want)
+    assert torch.equal(layer.weight_as(torch.bfloat16), want.bfloat16())
+    assert torch.equal(layer.weight_as(torch.float32, rows=20), want[:20])
+
+
+@needs_kernel
+def test_long_inputs_take_the_dense_bf16_path_where_the_cpu_has_bf16(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Over DENSE_ROWS rows a 16-bit layer multiplies by its bf16 weight (held or dequantized per call: the
+    same bits); an 8-bit layer (the head's fast pass) stays on the kernel."""
+    from kvadmit.model.quant import dense_weights_held
+
+    monkeypatch.setattr(int4_native, "DENSE_ROWS", 8)
+    n, k = 32, 64
+    torch.manual_seed(11)
+    q, scales, low = int4_quantize(torch.randn(n, k), GROUP)
+    layer = NativeInt4Linear(pack(q, scales, low), n, k, None, fine=True)
+    x = torch.randn(9, k)
+    want = torch.nn.functional.linear(x.bfloat16(), layer.weight_as(torch.bfloat16)).float()
+    assert torch.equal(layer(x), want)
+    with dense_weights_held((layer,)):
+        assert layer.held is not None and torch.equal(layer(x), want)
+    assert layer.held is None
+    assert torch.equal(layer(x[:8]), KERNEL.linear(x[:8].contiguous(), layer.packed, n, True))  # 8 rows
+    layer.fine = False
+    assert torch.equal(layer(x), KERNEL.linear(x, layer.packed, n, False))

@@ -27,12 +27,19 @@ from functools import cache
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from torch import nn
+
+from kvadmit.model.device import cpu_has_bf16
 
 ROWS = 16  # output rows per block of the packed layout
 GROUP = 32  # inputs per group
 RECORD = 320  # bytes per (row block, group): 256 of nibbles, 16 fp16 scales, 16 fp16 minimums
 SOURCE = Path(__file__).with_name("int4_kernel.c")
+# On a CPU with native bf16 (AVX512-BF16, AMX), above this many rows the weight dequantized to bf16 and
+# multiplied by oneDNN beats the kernel with 16-bit activations (benchmarks/int4_kernel.txt); None: the
+# kernel at any length.
+DENSE_ROWS = 32 if cpu_has_bf16() else None
 ENV = "KVADMIT_INT4_KERNEL"  # "torch": PyTorch's int4 kernel instead of this one
 log = logging.getLogger("kvadmit.executor")
 
@@ -46,6 +53,9 @@ class Kernel:
         self._linear.restype = ctypes.c_int
         p, i = ctypes.c_void_p, ctypes.c_int
         self._linear.argtypes = [p, i, i, p, i, p, i, i]
+        self._dequantize = lib.kvadmit_int4_dequantize
+        self._dequantize.restype = None
+        self._dequantize.argtypes = [p, i, i, p, i]
 
     @property
     def name(self) -> str:
@@ -59,6 +69,14 @@ class Kernel:
             raise MemoryError(f"the int4 kernel could not allocate its {m} × {k} int8 activations")
         return out
 
+    def dequantize(self, packed: torch.Tensor, n: int, k: int, dtype: torch.dtype) -> torch.Tensor:
+        """The weight [n, k] (the first n/16 row blocks of `packed`): scale·q + minimum in float32, rounded
+        once to bf16 when `dtype` is bf16."""
+        bf16 = dtype == torch.bfloat16
+        out = torch.empty((n, k), dtype=torch.bfloat16 if bf16 else torch.float32)
+        self._dequantize(packed.data_ptr(), n, k, out.data_ptr(), int(bf16))
+        return out if bf16 else out.to(dtype)
+
 
 def _build(target: Path) -> str | None:
     """Compile SOURCE into `target`; None, or why not."""
@@ -66,7 +84,8 @@ def _build(target: Path) -> str | None:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
         built = Path(scratch) / target.name
-        cmd = [compiler, "-O3", "-shared", "-fPIC", "-o", str(built), str(SOURCE)]
+        # (no contraction of a·b + c into one rounding: the dequantized weight is computed as written)
+        cmd = [compiler, "-O3", "-ffp-contract=off", "-shared", "-fPIC", "-o", str(built), str(SOURCE)]
         try:
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         except (OSError, subprocess.TimeoutExpired) as exc:
@@ -155,9 +174,9 @@ def unpack(packed: torch.Tensor, n: int, k: int) -> tuple[torch.Tensor, torch.Te
 
 
 class NativeInt4Linear(nn.Module):
-    """An int4 linear layer (groups of 32: scale·q + minimum) through `kernel()`, at every row count: on
-    the machine measured it beat the weight dequantized to bf16 and multiplied by oneDNN up to 512 rows and
-    more (benchmarks/int4_kernel.txt), so unlike quant.Int4Linear it has no dense path for long prefills."""
+    """An int4 linear layer (groups of 32: scale·q + minimum) through `kernel()`. On a CPU that multiplies
+    bf16 natively, a 16-bit layer's input of over DENSE_ROWS rows (a prefill) is multiplied by the weight
+    dequantized to bf16 instead (oneDNN); elsewhere the kernel takes every row count."""
 
     group_size = GROUP
 
@@ -169,21 +188,33 @@ class NativeInt4Linear(nn.Module):
         self.register_buffer("packed", packed, persistent=False)
         self.register_buffer("bias", bias, persistent=False)
         self.out_features, self.in_features = n, k
+        self.held: torch.Tensor | None = None  # the bf16 weight, inside quant.dense_weights_held
 
     def weight_as(self, dtype: torch.dtype, rows: int | None = None) -> torch.Tensor:
         """scale · q + minimum, [N, K] in `dtype` (the first `rows` rows, if given)."""
         n, k = self.out_features, self.in_features
         blocks = n // ROWS if rows is None else min(-(-rows // ROWS), n // ROWS)
-        q, scales, low = unpack(self.packed[:blocks], blocks * ROWS, k)
-        w = q.view(-1, k // GROUP, GROUP).to(dtype) * scales.to(dtype)[..., None] + low.to(dtype)[..., None]
-        return w.reshape(-1, k)[: n if rows is None else rows]
+        w = _kernel().dequantize(self.packed[:blocks], blocks * ROWS, k, dtype)
+        return w if rows is None else w[:rows]
+
+    @property
+    def activation_dtype(self) -> torch.dtype:
+        """The dtype long inputs are multiplied in (quant.dense_weights_held holds the weight in it)."""
+        return torch.bfloat16
 
     def dequantized(self, rows: int | None = None) -> torch.Tensor:
         """The weight this layer multiplies by, [N, K] float32 (scale and minimum as stored, in fp16)."""
         return self.weight_as(torch.float32, rows)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, self.in_features).float().contiguous()
+        flat = x.reshape(-1, self.in_features)
+        # (an 8-bit layer, the refined head's fast pass, stays on the kernel: its rows are a batch's last
+        # tokens, and its bf16 weight would be 56 MB on the default model)
+        if self.fine and DENSE_ROWS is not None and flat.shape[0] > DENSE_ROWS:
+            w = self.weight_as(torch.bfloat16) if self.held is None else self.held
+            out = F.linear(flat.to(torch.bfloat16), w, None if self.bias is None else self.bias.bfloat16())
+            return out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+        flat = flat.float().contiguous()
         if torch.compiler.is_compiling():  # (the custom op's Python layer would cost eager calls ~10 us)
             out = int4_linear(flat, self.packed, self.out_features, self.fine)
         else:

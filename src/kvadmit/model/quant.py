@@ -190,6 +190,8 @@ def dense_weights_held(layers: tuple[nn.Module, ...]) -> Iterator[None]:
     dequantized copy of its weight, made on entry, instead of dequantizing at every call: for a caller that
     feeds a long prefill through the same layers a block of rows at a time (llama.MLP)."""
     quantized = [m for m in layers if isinstance(m, (Int8Linear, Int4Linear))]
+    # (kvadmit's int4 kernel takes long inputs itself where the CPU has no native bf16)
+    quantized += [m for m in layers if isinstance(m, NativeInt4Linear) and int4_native.DENSE_ROWS is not None]
     for m in quantized:
         m.held = m.weight_as(m.activation_dtype)
     try:
