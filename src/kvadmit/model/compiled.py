@@ -68,7 +68,9 @@ class CompiledDecode:
         if b > 1 and fb.key_bias is None:  # one graph for every batch: the mask always present
             assert fb.gather is not None
             zeros = torch.zeros((1, b, 1, fb.gather.shape[1]), device=fb.gather.device)
-            fb = ForwardBatch(fb.input_ids, fb.positions, fb.out_slots, fb.last, fb.gather, zeros, ())
+            fb = ForwardBatch(
+                fb.input_ids, fb.positions, fb.out_slots, fb.last, fb.gather, zeros, (), fb.lengths
+            )
         self._mark_dynamic(fb, kv_pool)
         with torch.inference_mode():
             return self._graph(fb, kv_pool)
@@ -82,8 +84,9 @@ class CompiledDecode:
             torch._dynamo.mark_dynamic(pool, 1)
         torch._dynamo.mark_dynamic(fb.gather, 1)
         if fb.num_seqs > 1:
-            for t in (fb.input_ids, fb.positions, fb.out_slots, fb.last, fb.gather):
-                torch._dynamo.mark_dynamic(t, 0)
+            for t in (fb.input_ids, fb.positions, fb.out_slots, fb.last, fb.gather, fb.lengths):
+                if t is not None:
+                    torch._dynamo.mark_dynamic(t, 0)
             assert fb.key_bias is not None
             torch._dynamo.mark_dynamic(fb.key_bias, 1)
             torch._dynamo.mark_dynamic(fb.key_bias, 3)
@@ -113,5 +116,7 @@ class CompiledDecode:
             ids, positions, slots = (torch.zeros(b, dtype=torch.long, device=device) for _ in range(3))
             gather = torch.zeros((b, 2), dtype=torch.long, device=device)
             key_bias = torch.zeros((1, b, 1, 2), device=device) if b > 1 else None
-            fb = ForwardBatch(ids, positions + 1, slots, torch.arange(b, device=device), gather, key_bias, ())
+            lengths = torch.full((b,), 2, dtype=torch.int32, device=device)
+            last = torch.arange(b, device=device)
+            fb = ForwardBatch(ids, positions + 1, slots, last, gather, key_bias, (), lengths)
             self(fb, kv_pool)

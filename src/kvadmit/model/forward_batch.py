@@ -22,6 +22,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from kvadmit.model import attention_native
+
 
 @dataclass(frozen=True, slots=True)
 class Sequence:
@@ -51,6 +53,7 @@ class ForwardBatch:
     gather: torch.Tensor | None  # decode: [B, L] every sequence's slots, each padded to L with slot 0
     key_bias: torch.Tensor | None  # decode: [1, B, 1, L] 0 for a key, −inf for padding; None: no padding
     prefill: tuple[PrefillPart, ...]  # prefill: one part per sequence; empty for decode
+    lengths: torch.Tensor | None = None  # decode: [B] int32 each sequence's context length
 
     @property
     def num_seqs(self) -> int:
@@ -68,7 +71,7 @@ class ForwardBatch:
         ctx = [s.slots.shape[0] for s in seqs]
         out_slots = torch.cat([s.slots[c - n :] for s, c, n in zip(seqs, ctx, new, strict=True)])
         last = torch.cumsum(torch.tensor(new), 0) - 1
-        gather = key_bias = None
+        gather = key_bias = lengths = None
         parts: list[PrefillPart] = []
         if all(n == 1 for n in new):
             length = max(ctx)
@@ -78,6 +81,7 @@ class ForwardBatch:
                 key_bias = torch.zeros(padding.shape).masked_fill_(padding, float("-inf"))[None, :, None]
                 key_bias = key_bias.to(device)
             gather = gather.to(device)
+            lengths = torch.tensor(ctx, dtype=torch.int32, device=device)
         else:
             start = 0
             for s, c, n in zip(seqs, ctx, new, strict=True):
@@ -96,6 +100,7 @@ class ForwardBatch:
             gather=gather,
             key_bias=key_bias,
             prefill=tuple(parts),
+            lengths=lengths,
         )
 
 
@@ -108,11 +113,11 @@ def pool_attention(
 ) -> torch.Tensor:
     """Attention of the new tokens over their sequences' slots. Returns [T, heads·dim]."""
     if fb.gather is not None:
-        # A batch is one opaque call in the compiled graph (decode_attention_op); one sequence is left to
-        # inductor, which turns it into its fused attention kernel.
-        if torch.compiler.is_compiling() and q.shape[0] > 1:
-            return torch.ops.kvadmit.decode_attention(q, kv_pool, fb.gather, fb.key_bias)
-        return _decode_attention(q, kv_pool, fb.gather, fb.key_bias)
+        # One opaque call in the compiled graph (decode_attention_op) for a batch, or any decode where
+        # kvadmit's kernel runs; else one sequence is left to inductor, which fuses its attention.
+        if torch.compiler.is_compiling() and (q.shape[0] > 1 or attention_native.applies(q, kv_pool)):
+            return torch.ops.kvadmit.decode_attention(q, kv_pool, fb.gather, fb.key_bias, fb.lengths)
+        return _decode_attention(q, kv_pool, fb.gather, fb.key_bias, fb.lengths)
     out = []
     for part in fb.prefill:
         rows = slice(part.start, part.start + part.num_new)
@@ -133,8 +138,11 @@ def pool_attention(
 
 
 def _decode_attention(
-    q: torch.Tensor, kv_pool: torch.Tensor, gather: torch.Tensor, key_bias: torch.Tensor | None
-) -> torch.Tensor:
+    q: torch.Tensor, kv_pool: torch.Tensor, gather: torch.Tensor, key_bias: torch.Tensor | None,
+    lengths: torch.Tensor | None,
+) -> torch.Tensor:  # fmt: skip
+    if lengths is not None and attention_native.applies(q, kv_pool):
+        return attention_native.decode_attention(q, kv_pool, gather, lengths)
     b, heads, dim = q.shape
     kv_heads = kv_pool.shape[0] // 2
     # A single sequence is computed in float32: its matrices are tiny, and tiny bf16 matmuls are slower
@@ -159,13 +167,15 @@ def _decode_attention(
 # code takes 1.3 (index_select, then two bf16 matmuls).
 @torch.library.custom_op("kvadmit::decode_attention", mutates_args=())
 def decode_attention_op(
-    q: torch.Tensor, kv_pool: torch.Tensor, gather: torch.Tensor, key_bias: torch.Tensor | None
-) -> torch.Tensor:
-    return _decode_attention(q, kv_pool, gather, key_bias)
+    q: torch.Tensor, kv_pool: torch.Tensor, gather: torch.Tensor, key_bias: torch.Tensor | None,
+    lengths: torch.Tensor | None,
+) -> torch.Tensor:  # fmt: skip
+    return _decode_attention(q, kv_pool, gather, key_bias, lengths)
 
 
 @decode_attention_op.register_fake
 def _decode_attention_shape(
-    q: torch.Tensor, kv_pool: torch.Tensor, gather: torch.Tensor, key_bias: torch.Tensor | None
-) -> torch.Tensor:
+    q: torch.Tensor, kv_pool: torch.Tensor, gather: torch.Tensor, key_bias: torch.Tensor | None,
+    lengths: torch.Tensor | None,
+) -> torch.Tensor:  # fmt: skip
     return q.new_empty((q.shape[0], q.shape[1] * q.shape[2]))

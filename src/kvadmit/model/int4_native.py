@@ -7,8 +7,7 @@ multiplies in floating point; at one or a few sequences that conversion is most 
 float sum of the group kept), and the weights' nibbles are multiplied by it as bytes, four products summed
 per instruction.
 
-The kernel is compiled from its C source with the system's C compiler the first time it is needed, into the
-kvadmit cache (~/.cache/kvadmit/native), and loaded with ctypes (its calls release the GIL). Without a
+The kernel is compiled with the system's C compiler the first time it is needed (native_kernels). Without a
 compiler, or on a CPU with neither AVX-512 VNNI nor AVX2, or with KVADMIT_INT4_KERNEL=torch in the
 environment, `kernel()` is None and int4 layers use PyTorch's kernel (quant.Int4Linear). The kernel runs on
 one thread.
@@ -17,25 +16,20 @@ one thread.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
 import os
-import subprocess
-import sys
-import tempfile
 from functools import cache
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kvadmit.model import native_kernels
 from kvadmit.model.device import cpu_has_bf16
 
 ROWS = 16  # output rows per block of the packed layout
 GROUP = 32  # inputs per group
 RECORD = 320  # bytes per (row block, group): 256 of nibbles, 16 fp16 scales, 16 fp16 minimums
-SOURCE = Path(__file__).with_name("int4_kernel.c")
 # On a CPU with native bf16 (AVX512-BF16, AMX), above this many rows the weight dequantized to bf16 and
 # multiplied by oneDNN beats the kernel with 16-bit activations (benchmarks/int4_kernel.txt); None: the
 # kernel at any length.
@@ -78,38 +72,11 @@ class Kernel:
         return out if bf16 else out.to(dtype)
 
 
-def _build(target: Path) -> str | None:
-    """Compile SOURCE into `target`; None, or why not."""
-    compiler = os.environ.get("CC", "cc")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
-        built = Path(scratch) / target.name
-        # (no contraction of a·b + c into one rounding: the dequantized weight is computed as written)
-        cmd = [compiler, "-O3", "-ffp-contract=off", "-shared", "-fPIC", "-o", str(built), str(SOURCE)]
-        try:
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            return f"{compiler}: {exc}"
-        if done.returncode:
-            return f"{' '.join(cmd)} failed: {done.stderr.strip()[:500]}"
-        os.replace(built, target)  # atomic: a second process building at once sees one whole library
-    return None
-
-
 @cache
 def library() -> ctypes.CDLL | None:
-    """The compiled kernel, built on first use; None where it cannot be (the reason is logged)."""
-    from kvadmit.model.default import cache_dir
-
-    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]
-    target = cache_dir() / "native" / f"int4_kernel-{digest}-{sys.platform}.so"
-    if not target.exists():
-        why = _build(target)
-        if why is not None:
-            log.warning("int4 kernel not built, PyTorch's is used instead: %s", why)
-            return None
-    lib = ctypes.CDLL(str(target))
-    return lib if lib.kvadmit_int4_record_bytes() == RECORD else None
+    """The compiled kernels (native_kernels), when their int4 layout is this module's."""
+    lib = native_kernels.library()
+    return lib if lib is not None and lib.kvadmit_int4_record_bytes() == RECORD else None
 
 
 @cache
