@@ -85,9 +85,11 @@ def test_the_forward_pass_takes_the_kernel_and_agrees_with_pytorchs_path(
 
 def test_the_environment_can_choose_pytorchs_attention(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(attention_native.ENV, "torch")
+    monkeypatch.setattr(attention_native, "_available", None)
     attention_native._function.cache_clear()
     try:
         assert not attention_native.available()
     finally:
         monkeypatch.delenv(attention_native.ENV)
         attention_native._function.cache_clear()
+        attention_native._available = None

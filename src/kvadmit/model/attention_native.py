@@ -36,8 +36,15 @@ def _function() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
     return fn
 
 
+_available: bool | None = None  # (a plain global: torch.compile reads it where it cannot trace ctypes)
+
+
 def available() -> bool:
-    return _function() is not None
+    """Whether the kernel runs here; call it once outside torch.compile first (CompiledDecode does)."""
+    global _available
+    if _available is None:
+        _available = _function() is not None
+    return _available
 
 
 def applies(q: torch.Tensor, kv_pool: torch.Tensor) -> bool:
@@ -59,13 +66,17 @@ def decode_attention(
     assert fn is not None
     b, heads, dim = q.shape
     kv_heads = kv_pool.shape[0] // 2
-    q = q.contiguous()
-    gather, lengths = gather.contiguous(), lengths.to(torch.int32).contiguous()
-    pool = kv_pool.contiguous()
+    # (each call costs ~1 us per tensor touched: the decode step of one sequence makes 30 of them)
+    q = q if q.is_contiguous() else q.contiguous()
+    gather = gather if gather.is_contiguous() else gather.contiguous()
+    if lengths.dtype != torch.int32 or not lengths.is_contiguous():
+        lengths = lengths.to(torch.int32).contiguous()
+    if not kv_pool.is_contiguous():
+        raise ValueError("the decode attention kernel reads a contiguous pool")
     out = torch.empty((b, heads * dim), dtype=torch.float32)
     failed = fn(
-        q.data_ptr(), b, kv_heads, heads // kv_heads, dim, pool.data_ptr(), pool.shape[1], gather.data_ptr(),
-        gather.shape[1], lengths.data_ptr(), 1 / math.sqrt(dim), out.data_ptr(),
+        q.data_ptr(), b, kv_heads, heads // kv_heads, dim, kv_pool.data_ptr(), kv_pool.shape[1],
+        gather.data_ptr(), gather.shape[1], lengths.data_ptr(), 1 / math.sqrt(dim), out.data_ptr(),
     )  # fmt: skip
     if failed:
         raise RuntimeError(f"the decode attention kernel refused {b} sequences of head size {dim}")

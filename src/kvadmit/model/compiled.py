@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from kvadmit.model import attention_native
 from kvadmit.model.forward_batch import ForwardBatch
 from kvadmit.model.heap import return_freed_memory
 
@@ -54,6 +55,7 @@ class CompiledDecode:
         self.model = model
         self.max_bs = max_bs
         self.cache = inductor_settings()
+        attention_native.available()  # (decided here, eagerly: the graph reads the answer)
         self._graph = torch.compile(
             model.forward_pass,
             options={"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe},
