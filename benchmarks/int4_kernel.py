@@ -80,8 +80,9 @@ def linear_sides(rows: int) -> dict[str, float]:
     }
 
 
-def attention_sides(batch: int, context: int) -> dict[str, float]:
-    """ms for one decode step's attention (30 layers) of `batch` sequences of `context` tokens."""
+def attention_sides(batch: int, context: int, shuffled: bool) -> dict[str, float]:
+    """ms for one decode step's attention (30 layers) of `batch` sequences of `context` tokens, their
+    slots in order (a fresh server's allocation) or shuffled (a pool fragmented by many requests)."""
     from kvadmit.model import attention_native
     from kvadmit.model.forward_batch import _decode_attention
 
@@ -89,7 +90,8 @@ def attention_sides(batch: int, context: int) -> dict[str, float]:
     torch.manual_seed(1)
     slots = batch * context + 64
     pools = [torch.randn(6, slots, 64).bfloat16() for _ in range(LAYERS)]
-    gather = torch.randperm(slots)[: batch * context].view(batch, context)  # slots in no order
+    order = torch.randperm(slots) if shuffled else torch.arange(slots)
+    gather = order[: batch * context].view(batch, context)
     lengths = torch.full((batch,), context, dtype=torch.int32)
     q = torch.randn(batch, 9, 64)
 
@@ -133,12 +135,14 @@ def main() -> None:
         f"## decode attention: one step ({LAYERS} layers), 9 query heads over 3 KV heads of 64, bf16 pool, ms"
     )
     print()
-    print("| sequences × context | kvadmit's kernel, ms | PyTorch (gather, matmuls), ms | ratio |")
-    print("| --- | ---: | ---: | ---: |")
+    print("| sequences × context | slots | kvadmit's kernel, ms | PyTorch (gather, matmuls), ms | ratio |")
+    print("| --- | --- | ---: | ---: | ---: |")
     for batch, context in ((1, 580), (16, 580), (16, 2048)):
-        t = attention_sides(batch, context)
-        ours, theirs = t["kvadmit's kernel"], t["PyTorch (gather, matmuls)"]
-        print(f"| {batch} × {context} | {ours:.2f} | {theirs:.2f} | {theirs / ours:.2f}× |")
+        for shuffled in (False, True):
+            t = attention_sides(batch, context, shuffled)
+            ours, theirs = t["kvadmit's kernel"], t["PyTorch (gather, matmuls)"]
+            slots = "shuffled" if shuffled else "in order"
+            print(f"| {batch} × {context} | {slots} | {ours:.2f} | {theirs:.2f} | {theirs / ours:.2f}× |")
 
 
 if __name__ == "__main__":
