@@ -49,11 +49,12 @@ lint: $(STAMP)
 
 # The default model on 127.0.0.1:30000; pass more flags with ARGS="--enable-metrics ...". SERVE_DEFAULTS is
 # the fastest setting measured that keeps answers right (benchmarks/engine_speed.txt, 2 AMD EPYC cores):
-# int4 weights (99.2% greedy agreement with float32; Paris) with compiled decode: 14.5 ms of server CPU per
-# output token in a single stream against eager int4's 19-21 (llama.cpp's llama-server 12.8), 19.2 for 16
-# concurrent requests (llama-server 34.9). The price: the first start on a machine compiles for about 2
-# minutes (the log says so), later starts load the graphs from ~/.cache/kvadmit/torchinductor in ~20 s, and
-# the server peaks ~250 MB higher (900-1,050 against 676-689 MB). To start in seconds instead:
+# int4 weights through kvadmit's own CPU kernels (99.6% greedy agreement with float32; Paris) with compiled
+# decode: 11.1 ms of server CPU per output token in a single stream against eager int4's 13.4 (llama.cpp's
+# llama-server 13.2), 14.5 for 16 concurrent requests (llama-server 40.8). The price: the first start on a
+# machine compiles for about 2 minutes (the log says so), later starts load the graphs from
+# ~/.cache/kvadmit/torchinductor in ~20 s, and the server peaks ~240 MB higher (916 against 680 MB). The
+# kernels run on one thread. To start in seconds instead:
 # make serve SERVE_DEFAULTS="--quantization int4". On a GPU: SERVE_DEFAULTS= (int4 is CPU only).
 SERVE_DEFAULTS ?= --quantization int4 --enable-torch-compile
 serve: $(STAMP)

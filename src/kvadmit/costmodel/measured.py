@@ -38,15 +38,16 @@ MEASURED: tuple[MeasuredPreset, ...] = (
         "cpu-int4",
         "smollm2-135m",
         "cpu-int4_smollm2-135m.json",
-        "kvadmit profile --quantization int4 of SmolLM2-135M-Instruct (eager decode), on 2 shared "
-        "Intel Xeon cores (AVX512-BF16, AMX), 2026-12-02",
+        "kvadmit profile --quantization int4 of SmolLM2-135M-Instruct (eager decode, kvadmit's CPU "
+        "kernels), on 2 AMD EPYC cores (AVX-512 BF16 and VNNI, no AMX), 2026-12-02",
     ),
     MeasuredPreset(
         "cpu-int4-compiled",
         "smollm2-135m",
         "cpu-int4-compiled_smollm2-135m.json",
         "kvadmit profile --quantization int4 --enable-torch-compile of SmolLM2-135M-Instruct (make serve's "
-        "executor), the mean of two runs on 2 shared Intel Xeon cores (AVX512-BF16, AMX), 2026-12-02",
+        "executor before kvadmit's CPU kernels), the mean of two runs on 2 shared Intel Xeon cores "
+        "(AVX512-BF16, AMX), 2026-12-02",
     ),
 )
 MEASURED_HARDWARE = frozenset(p.hardware for p in MEASURED)
