@@ -212,3 +212,4 @@ def test_long_inputs_take_the_dense_bf16_path_where_the_cpu_has_bf16(monkeypatch
     assert torch.equal(layer(x[:8]), KERNEL.linear(x[:8].contiguous(), layer.packed, n, True))  # 8 rows
     layer.fine = False
     assert torch.equal(layer(x), KERNEL.linear(x, layer.packed, n, False))
+    assert layer(x[:0]).shape == (0, n)  # no rows: an empty product, not an error

@@ -240,6 +240,7 @@ __attribute__((target("avx2,fma,f16c"))) static void linear_avx2(
    Returns 0, or -1 when `isa` is not one this CPU runs or the scratch memory could not be had. */
 int kvadmit_int4_linear(const float *x, int m, int k, const uint8_t *w, int n, float *out, int isa, int fine) {
     if (isa != 1 && isa != 2) return -1;
+    if (m == 0) return 0; /* (nothing to multiply; malloc(0) may answer NULL) */
     const int groups = k / GROUP;
     const size_t bytes = (size_t)m * k;
     int8_t *q = (int8_t *)malloc(2 * bytes + 2 * sizeof(float) * (size_t)m * groups);
