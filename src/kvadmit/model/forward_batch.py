@@ -5,10 +5,12 @@ A pass computes the new tokens of B sequences: a ragged prefill, or one token ea
 `ctx_b` tokens in its slots, the last `n_b` of them new. A layer's pool is one tensor [2·kv_heads, slots,
 head_dim] (K heads, then V heads), so that gathering slots yields each head's keys as one contiguous block.
 
-* Decode: one gather of every sequence's slots into a padded [2·kv_heads, B, L, dim] layout (L = the longest
-  context; padding points at slot 0 and is masked out), then attention for the whole batch in two batched
-  matmuls: each KV head's `groups` query heads against its keys (in the model's dtype, or float32 for a
-  single sequence), softmax in float32 (as transformers' eager attention does).
+* Decode: through kvadmit's own kernel where it runs (attention_native: each sequence's slots read in
+  place, float32 arithmetic); else one gather of every sequence's slots into a padded
+  [2·kv_heads, B, L, dim] layout (L = the longest context; padding points at slot 0 and is masked out),
+  then attention for the whole batch in two batched matmuls: each KV head's `groups` query heads against
+  its keys (in the model's dtype, or float32 for a single sequence), softmax in float32 (as transformers'
+  eager attention does).
 * Prefill: attention per sequence (its cost is in the matmuls, not in the loop). A sequence without a
   cached prefix attends causally over its own new K and V; one with a prefix gathers its slots and uses a
   mask aligned to its last token.
