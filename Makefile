@@ -48,15 +48,15 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 
 # The default model on 127.0.0.1:30000; pass more flags with ARGS="--enable-metrics ...". SERVE_DEFAULTS is
-# the fastest setting measured that keeps answers right (benchmarks/engine_speed.txt, 2 AMD EPYC cores):
-# int4 weights through kvadmit's own CPU kernels (99.6% greedy agreement with float32; Paris) with compiled
-# decode: 11.1 ms of server CPU per output token in a single stream against eager int4's 13.4 (llama.cpp's
-# llama-server 13.2), 14.5 for 16 concurrent requests (llama-server 40.8). The price: the first start on a
-# machine compiles for about 2 minutes (the log says so), later starts load the graphs from
-# ~/.cache/kvadmit/torchinductor in ~20 s, and the server peaks ~240 MB higher (916 against 680 MB). The
-# kernels run on one thread. To start in seconds instead:
-# make serve SERVE_DEFAULTS="--quantization int4". On a GPU: SERVE_DEFAULTS= (int4 is CPU only).
-SERVE_DEFAULTS ?= --quantization int4 --enable-torch-compile
+# the setting that meets all three of issue 22's targets at once (benchmarks/engine_speed.txt, 2 AMD EPYC
+# cores, 1 thread each, best of 2 rounds): int4 weights through kvadmit's own CPU kernels and an int8 KV
+# cache (98.8% greedy agreement with float32; Paris): single stream 102.5 tok/s against llama.cpp's
+# llama-server 88.9 (9.7 against 11.2 ms of server CPU a token), 16 concurrent requests 84.4 against 31.0,
+# peak memory 551 MB against 434 (target 600). It starts in seconds. Faster in a single stream, at 847 MB
+# and a first start that compiles for about 2 minutes: SERVE_DEFAULTS="--quantization int4
+# --enable-torch-compile" (134.7 tok/s, 7.4 ms a token; bf16 KV, 99.2%). The kernels run on one thread.
+# On a GPU: SERVE_DEFAULTS= (int4 is CPU only).
+SERVE_DEFAULTS ?= --quantization int4 --kv-cache-dtype int8
 serve: $(STAMP)
 	$(BIN)/kvadmit serve $(SERVE_DEFAULTS) $(ARGS)
 

@@ -48,9 +48,12 @@ TEXT = HERE.parent / "tests" / "data" / "agreement_text.txt"
 KVADMIT_SIDES = {"float32": ("float32", None), "bfloat16": ("bfloat16", None), "int8": ("auto", "int8"),
                  "int4": ("auto", "int4"), "int4-compiled": ("auto", "int4"),
                  "int4-compiled-no-overlap": ("auto", "int4"),
-                 "int4-compiled-torch-kernel": ("auto", "int4")}  # fmt: skip
+                 "int4-compiled-torch-kernel": ("auto", "int4"), "int4-kv8": ("auto", "int4"),
+                 "int4-compiled-kv8": ("auto", "int4")}  # fmt: skip
 # served with --enable-torch-compile (the same arithmetic as int4 otherwise)
-COMPILED = {"int4-compiled", "int4-compiled-no-overlap", "int4-compiled-torch-kernel"}
+COMPILED = {"int4-compiled", "int4-compiled-no-overlap", "int4-compiled-torch-kernel", "int4-compiled-kv8"}
+# served with --kv-cache-dtype int8 (model/kv_quant.py: 8 bits and a scale per token and head)
+KV8 = {"int4-kv8", "int4-compiled-kv8"}
 # int4 through PyTorch's weight-only kernel instead of kvadmit's (KVADMIT_INT4_KERNEL=torch): the engine as
 # it was before model/int4_kernel.c
 TORCH_KERNEL = {"int4-compiled-torch-kernel"}
@@ -119,6 +122,7 @@ def start(side: str, ns: argparse.Namespace, gguf: Path) -> tuple[subprocess.Pop
         cmd += ["--quantization", quant] if quant else []
         cmd += ["--enable-torch-compile"] if side in COMPILED else []
         cmd += ["--disable-overlap-schedule"] if side in NO_OVERLAP else []
+        cmd += ["--kv-cache-dtype", "int8"] if side in KV8 else []
         health = f"http://127.0.0.1:{port}/health"
     log = Path(ns.logs) / f"engine_speed-{side}.log"
     proc = subprocess.Popen(cmd, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
@@ -202,7 +206,7 @@ def agreements(folder: Path, tokenizer: object, sides: list[str]) -> dict[str, f
     out = {}
     # a compiled side runs its eager twin's arithmetic (int4-compiled: int4), measured even when that twin
     # is not among the sides
-    eager = dict.fromkeys(s if s in TORCH_KERNEL else "int4" if s in COMPILED else s for s in sides)
+    eager = dict.fromkeys(eager_twin(s) for s in sides)
     for side in eager:
         dtype, quant = KVADMIT_SIDES[side]
         kernel_env = os.environ.pop("KVADMIT_INT4_KERNEL", None)
@@ -211,14 +215,22 @@ def agreements(folder: Path, tokenizer: object, sides: list[str]) -> dict[str, f
         model = load_hf_folder(
             folder, resolve_dtype(dtype, "cpu", quantized=quant is not None), quantization=quant
         )
+        model.kv_dtype = torch.int8 if side in KV8 else model.kv_dtype
         out[side] = agreement(reference, greedy_tokens(model, ids))
         os.environ.pop("KVADMIT_INT4_KERNEL", None)
         os.environ |= {} if kernel_env is None else {"KVADMIT_INT4_KERNEL": kernel_env}
         int4_native.kernel.cache_clear()
     for side in (s for s in sides if s in COMPILED and s not in TORCH_KERNEL):
-        out[side] = out["int4"]
+        out[side] = out[eager_twin(side)]
     out["tokens"] = len(ids)
     return out
+
+
+def eager_twin(side: str) -> str:
+    """The eager side whose arithmetic a compiled side runs (int4-compiled: int4)."""
+    if side in TORCH_KERNEL or side not in COMPILED:
+        return side
+    return "int4-kv8" if side in KV8 else "int4"
 
 
 def transformers_single(folder: Path, threads: int) -> float | None:
@@ -303,6 +315,7 @@ def side_label(side: str) -> str:
     flags = f"--quantization {quant}" if quant else f"--dtype {dtype}"
     flags += " --enable-torch-compile" if side in COMPILED else ""
     flags += " --disable-overlap-schedule" if side in NO_OVERLAP else ""
+    flags += " --kv-cache-dtype int8" if side in KV8 else ""
     return ("KVADMIT_INT4_KERNEL=torch " if side in TORCH_KERNEL else "") + f"kvadmit serve {flags}"
 
 

@@ -30,7 +30,7 @@ NATIVE = [
     "--model-path", "X", "--mem-fraction-static", "0.8", "--enable-metrics", "--schedule-policy", "lpm",
     "--chunked-prefill-size", "4096", "--max-running-requests", "64",
 ]  # fmt: skip
-NO_EFFECT_LINE = "accepted, no effect here: --trust-remote-code, --kv-cache-dtype, --tp-size, --log-requests"
+NO_EFFECT_LINE = "accepted, no effect here: --trust-remote-code, --tp-size, --log-requests"
 
 
 class _Served:

@@ -27,7 +27,7 @@ def test_a_request_that_fills_a_pass_exactly_ends_in_it() -> None:
 
 
 def test_the_default_pass_and_a_bad_limit() -> None:
-    assert PASS_TOKENS == 1024
-    assert [len(p) for p in split_passes([(0, 4096)])] == [1, 1, 1, 1]
+    assert PASS_TOKENS == 512
+    assert [len(p) for p in split_passes([(0, 2048)])] == [1, 1, 1, 1]
     with pytest.raises(ValueError, match="at least one token"):
         split_passes([(0, 1)], limit=0)

@@ -60,13 +60,33 @@ def test_batched_decode_agrees_with_float32(folder_and_reference: tuple[Path, li
     assert agreement(reference, decode_tokens(model, parts)) >= BARS["int4"]
 
 
-@pytest.mark.parametrize("name", [None, *BARS])
-def test_every_setting_answers_paris(name: str | None, folder_and_reference: object) -> None:
+def test_int8_kv_rows_keep_the_bar_on_prefill_and_batched_decode(
+    folder_and_reference: tuple[Path, list[int], list[int]],
+) -> None:
+    """int4 weights over an int8 KV pool (--kv-cache-dtype int8, model/kv_quant.py): measured 98.8% on
+    the prefill and 97.9% on the batched decode (SGLang's fp8_e4m3 with its default scale of 1.0: 95.4%)."""
+    from kvadmit.model.agreement import agreement, decode_tokens, greedy_tokens
+    from kvadmit.model.loading import load_hf_folder
+
+    folder, ids, reference = folder_and_reference
+    model = load_hf_folder(folder, torch.float32, quantization="int4")
+    model.kv_dtype = torch.int8
+    assert agreement(reference, greedy_tokens(model, ids)) >= BARS["int4"]
+    length = len(ids) // 8
+    parts = [ids[i * length : (i + 1) * length] for i in range(8)]
+    float32 = load_hf_folder(folder, torch.float32)
+    part_reference = [t for part in parts for t in greedy_tokens(float32, part)]
+    assert agreement(part_reference, decode_tokens(model, parts)) >= BARS["int4"]
+
+
+@pytest.mark.parametrize(("name", "kv"), [(None, "auto"), *((n, "auto") for n in BARS), ("int4", "int8")])
+def test_every_setting_answers_paris(name: str | None, kv: str, folder_and_reference: object) -> None:
     import kvadmit
 
     engine = kvadmit.Engine(
-        max_total_tokens=2048, dtype="float32" if name is None else "auto", quantization=name
-    )
+        max_total_tokens=2048, dtype="float32" if name is None else "auto", quantization=name,
+        kv_cache_dtype=kv,
+    )  # fmt: skip
     out = engine.chat(
         [{"role": "user", "content": "What is the capital of France?"}],
         {"temperature": 0.0, "max_new_tokens": 24},

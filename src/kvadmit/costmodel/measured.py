@@ -1,10 +1,12 @@
 """Measured presets: cost models that `kvadmit profile` measured on a named machine, shipped in the package
 (costmodel/data/) and named like a roofline preset, HARDWARE:MODEL:
 
-    cpu-int4:smollm2-135m           the default model with int4 weights on the CPU executor, decoding
-                                    eagerly (`make serve SERVE_DEFAULTS="--quantization int4"`)
-    cpu-int4-compiled:smollm2-135m  the same with compiled decode (`make serve`'s default: --quantization
-                                    int4 --enable-torch-compile), the mean of two profile runs
+    cpu-int4-kv8:smollm2-135m       the default model with int4 weights and an int8 KV cache on the CPU
+                                    executor, decoding eagerly (`make serve`'s default: --quantization int4
+                                    --kv-cache-dtype int8)
+    cpu-int4:smollm2-135m           the same with the bf16 KV cache (`--quantization int4`)
+    cpu-int4-compiled:smollm2-135m  int4 with compiled decode (`--quantization int4 --enable-torch-compile`),
+                                    the mean of two profile runs, before kvadmit's CPU kernels
 
 Each file has a `.log` next to it: the command, the machine, the date, its load and the profile's own
 measurements as it printed them. A measured preset takes no options: it is what was measured, nothing
@@ -35,6 +37,14 @@ class MeasuredPreset:
 
 MEASURED: tuple[MeasuredPreset, ...] = (
     MeasuredPreset(
+        "cpu-int4-kv8",
+        "smollm2-135m",
+        "cpu-int4-kv8_smollm2-135m.json",
+        "kvadmit profile --quantization int4 --kv-cache-dtype int8 of SmolLM2-135M-Instruct (make serve's "
+        "default: eager decode, kvadmit's CPU kernels, an int8 KV cache), on 2 AMD EPYC cores (AVX-512 BF16 "
+        "and VNNI, no AMX), 2026-12-02",
+    ),
+    MeasuredPreset(
         "cpu-int4",
         "smollm2-135m",
         "cpu-int4_smollm2-135m.json",
@@ -45,8 +55,8 @@ MEASURED: tuple[MeasuredPreset, ...] = (
         "cpu-int4-compiled",
         "smollm2-135m",
         "cpu-int4-compiled_smollm2-135m.json",
-        "kvadmit profile --quantization int4 --enable-torch-compile of SmolLM2-135M-Instruct (make serve's "
-        "executor before kvadmit's CPU kernels), the mean of two runs on 2 shared Intel Xeon cores "
+        "kvadmit profile --quantization int4 --enable-torch-compile of SmolLM2-135M-Instruct (compiled "
+        "decode, before kvadmit's CPU kernels), the mean of two runs on 2 shared Intel Xeon cores "
         "(AVX512-BF16, AMX), 2026-12-02",
     ),
 )

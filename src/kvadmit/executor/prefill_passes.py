@@ -3,16 +3,18 @@
 The scheduler's batch is what SGLang would run (up to --chunked-prefill-size new tokens); on the CPU its
 activations grow with the tokens of a pass (the default model in float32: about 180 MB above the weights
 and KV for a 4,096-token pass, 70 MB for 1,024, measured in process), while the time per token stays the
-same. So the executor computes such a batch in consecutive passes. A request's new tokens may spread over
-consecutive passes: K and V are written to the pool before attention, so a later piece attends to the earlier
-ones through the pool as to a cached prefix. Only a piece that ends its request gives logits.
+same. So the executor computes such a batch in consecutive passes, of 512 tokens: with int4 weights and an
+int8 KV pool, 16 concurrent requests of 512 + 128 tokens peaked at 547-549 MB resident against 563-598 with
+1,024 (two runs each, benchmarks/engine_speed.py's load). A request's new tokens may spread over
+consecutive passes: K and V are written to the pool before attention, so a later piece attends to the
+earlier ones through the pool as to a cached prefix. Only a piece that ends its request gives logits.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-PASS_TOKENS = 1024
+PASS_TOKENS = 512
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,9 @@
-/* Decode attention over a bf16 token pool, reading each sequence's K and V through its slot list
-(decode_attention_native.py): no gathered copy of the keys and values, float32 arithmetic throughout.
+/* Decode attention over the token pool, reading each sequence's K and V through its slot list
+(attention_native.py): no gathered copy of the keys and values, float32 arithmetic throughout.
 
-The pool of one layer is [2·kv_heads, slots, dim] bf16: K head h at pool[h], V head h at pool[kv_heads + h].
+The pool of one layer is [2·kv_heads, slots, row]: K head h at pool[h], V head h at pool[kv_heads + h]. A row
+is one token's head: `dim` bf16 values (KIND_BF16), or `dim` int8 values q followed by the float32 scale s
+of the row (KIND_INT8, kv_quant.py: the value is q·s, rounded to float32).
 Query heads are kv_head·groups + group. For sequence b, KV head h, query head g of its group:
 
     score_t = scale · q_g · K[slot_t]          t < length_b
@@ -14,16 +16,19 @@ Vectorized with AVX2 and FMA (8 floats); `dim` must be a multiple of 8 and at mo
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define MAX_DIM 256
+#define KIND_BF16 0
+#define KIND_INT8 1
 #define BLOCK 8 /* keys whose scores are reduced together */
 
 #define AHEAD 16 /* value rows fetched ahead of use: slots are in no order, so no hardware prefetcher helps */
 
 #define AVX2 __attribute__((target("avx2,fma")))
 
-/* A 128-byte row (64 bf16: two cache lines) on its way into L1. */
-static inline void prefetch_row(const uint16_t *p) {
+/* A row of up to 128 bytes (64 bf16: two cache lines) on its way into L1. */
+static inline void prefetch_row(const unsigned char *p) {
     _mm_prefetch((const char *)p, _MM_HINT_T0);
     _mm_prefetch((const char *)p + 64, _MM_HINT_T0);
 }
@@ -31,6 +36,25 @@ static inline void prefetch_row(const uint16_t *p) {
 /* 8 bf16 → 8 float32 (exact: a bf16 is the top half of a float32). */
 static inline AVX2 __m256 load_bf16(const uint16_t *p) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+}
+
+/* A row's bytes: dim bf16, or dim int8 and a float32 scale. */
+static inline size_t row_bytes(int dim, int kind) { return kind == KIND_INT8 ? (size_t)dim + 4 : (size_t)dim * 2; }
+
+/* The scale of an int8 row (stored after its values; 1 for bf16). */
+static inline float row_scale(const unsigned char *row, int dim, int kind) {
+    if (kind != KIND_INT8) return 1.0f;
+    float s;
+    memcpy(&s, row + dim, sizeof s);
+    return s;
+}
+
+/* Values at..at+7 of a row as float32: bf16 exactly, or int8 q times the row's scale s (one rounding, as
+   q.float() * s in PyTorch). */
+static inline AVX2 __attribute__((always_inline)) __m256 load8(const unsigned char *row, int at, int kind, __m256 s) {
+    if (kind == KIND_INT8)
+        return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(row + at)))), s);
+    return load_bf16((const uint16_t *)row + at);
 }
 
 /* The sums of 8 vectors' lanes, as one vector: lane i = Σ lanes of v[i]. */
@@ -105,16 +129,18 @@ static inline AVX2 __attribute__((always_inline)) void softmax_rows(float *score
 
 /* out[g, 8·c0 .. 8·(c0+cn)) = Σ_t p[g, t] V_t over those dims, for query heads g0 .. g0+gn (gn ≤ 3, cn ≤ 4) */
 static inline AVX2 __attribute__((always_inline)) void values_pass(
-    const uint16_t *values, size_t row, const int64_t *slots, int length, const float *restrict p, int stride,
-    int g0, const int gn, int c0, const int cn, float *restrict out, int dim) {
+    const unsigned char *values, int dim, const int kind, const int64_t *slots, int length, const float *restrict p,
+    int stride, int g0, const int gn, int c0, const int cn, float *restrict out) {
+    const size_t bytes = row_bytes(dim, kind);
     __m256 acc[3][4];
     for (int g = 0; g < gn; g++)
         for (int c = 0; c < cn; c++) acc[g][c] = _mm256_setzero_ps();
     for (int t = 0; t < length; t++) {
-        if (t + AHEAD < length) prefetch_row(values + (size_t)slots[t + AHEAD] * row + 8 * c0);
-        const uint16_t *v = values + (size_t)slots[t] * row + 8 * c0;
+        if (t + AHEAD < length) prefetch_row(values + (size_t)slots[t + AHEAD] * bytes);
+        const unsigned char *v = values + (size_t)slots[t] * bytes;
+        const __m256 s = _mm256_set1_ps(row_scale(v, dim, kind));
         __m256 vc[4];
-        for (int c = 0; c < cn; c++) vc[c] = load_bf16(v + 8 * c);
+        for (int c = 0; c < cn; c++) vc[c] = load8(v, 8 * (c0 + c), kind, s);
         for (int g = 0; g < gn; g++) {
             const __m256 pt = _mm256_set1_ps(p[(size_t)(g0 + g) * stride + t]);
             for (int c = 0; c < cn; c++) acc[g][c] = _mm256_fmadd_ps(pt, vc[c], acc[g][c]);
@@ -127,17 +153,20 @@ static inline AVX2 __attribute__((always_inline)) void values_pass(
 /* One sequence and one KV head: the `groups` query heads q [groups, dim] → out [groups, dim].
    scores: scratch of groups × length floats. */
 static inline AVX2 __attribute__((always_inline)) void one_head(
-    const float *restrict q, int groups, const int chunks, const uint16_t *keys, const uint16_t *values,
-    size_t row, const int64_t *slots, int length, float scale, float *restrict scores, float *restrict out) {
+    const float *restrict q, int groups, const int chunks, const int kind, const unsigned char *keys,
+    const unsigned char *values, const int64_t *slots, int length, float scale, float *restrict scores,
+    float *restrict out) {
     const int dim = 8 * chunks;
+    const size_t bytes = row_bytes(dim, kind);
     float block[BLOCK][MAX_DIM] __attribute__((aligned(32)));
     /* scores, BLOCK keys at a time: their rows converted once, then each query head against them */
     for (int t0 = 0; t0 < length; t0 += BLOCK) {
         const int n = length - t0 < BLOCK ? length - t0 : BLOCK;
-        for (int i = 0; t0 + BLOCK + i < length && i < BLOCK; i++) prefetch_row(keys + (size_t)slots[t0 + BLOCK + i] * row);
+        for (int i = 0; t0 + BLOCK + i < length && i < BLOCK; i++) prefetch_row(keys + (size_t)slots[t0 + BLOCK + i] * bytes);
         for (int i = 0; i < BLOCK; i++) {
-            const uint16_t *k = keys + (size_t)slots[t0 + (i < n ? i : 0)] * row;
-            for (int c = 0; c < chunks; c++) _mm256_store_ps(&block[i][8 * c], load_bf16(k + 8 * c));
+            const unsigned char *k = keys + (size_t)slots[t0 + (i < n ? i : 0)] * bytes;
+            const __m256 s = _mm256_set1_ps(row_scale(k, dim, kind));
+            for (int c = 0; c < chunks; c++) _mm256_store_ps(&block[i][8 * c], load8(k, 8 * c, kind, s));
         }
         for (int g = 0; g < groups; g++) {
             const float *qg = q + (size_t)g * dim;
@@ -161,10 +190,10 @@ static inline AVX2 __attribute__((always_inline)) void one_head(
         for (int c0 = 0; c0 < chunks; c0 += 4) {
             const int cn = chunks - c0 < 4 ? chunks - c0 : 4;
             switch (gn * 4 + cn) { /* constant counts, so each unrolls */
-                case 3 * 4 + 4: values_pass(values, row, slots, length, scores, length, g0, 3, c0, 4, out, dim); break;
-                case 2 * 4 + 4: values_pass(values, row, slots, length, scores, length, g0, 2, c0, 4, out, dim); break;
-                case 1 * 4 + 4: values_pass(values, row, slots, length, scores, length, g0, 1, c0, 4, out, dim); break;
-                default: values_pass(values, row, slots, length, scores, length, g0, gn, c0, cn, out, dim); break;
+                case 3 * 4 + 4: values_pass(values, dim, kind, slots, length, scores, length, g0, 3, c0, 4, out); break;
+                case 2 * 4 + 4: values_pass(values, dim, kind, slots, length, scores, length, g0, 2, c0, 4, out); break;
+                case 1 * 4 + 4: values_pass(values, dim, kind, slots, length, scores, length, g0, 1, c0, 4, out); break;
+                default: values_pass(values, dim, kind, slots, length, scores, length, g0, gn, c0, cn, out); break;
             }
         }
     }
@@ -179,28 +208,32 @@ static inline AVX2 __attribute__((always_inline)) void one_head(
 
 #define AVX512 __attribute__((target("avx512f,avx2,fma"), always_inline))
 
-/* 16 bf16 → 16 float32. */
-static inline AVX512 __m512 load_bf16_16(const uint16_t *p) {
+/* Values at..at+15 of a row as float32 (load8's 16-wide twin). */
+static inline AVX512 __m512 load16(const unsigned char *row, int at, const int kind, __m512 s) {
+    if (kind == KIND_INT8)
+        return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(row + at)))), s);
     return _mm512_castsi512_ps(
-        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)row + at))), 16));
 }
 
 /* The 16-wide twin of one_head for a head size of 64 (4 vectors): scores for BLOCK keys at a time, each
    key's 16 lanes folded to 8 before sums_of_8; then the values for up to 3 query heads at once (12
    accumulators). The softmax in between is one_head's (softmax_rows). */
-static inline AVX512 void one_head_64(const float *restrict q, int groups, const uint16_t *keys,
-                                      const uint16_t *values, const int64_t *slots, int length, float scale,
+static inline AVX512 void one_head_64(const float *restrict q, int groups, const int kind, const unsigned char *keys,
+                                      const unsigned char *values, const int64_t *slots, int length, float scale,
                                       float *restrict scores, float *restrict out, float *total) {
+    const size_t bytes = row_bytes(64, kind);
     __m512 qv[64][4];
     for (int g = 0; g < groups; g++)
         for (int c = 0; c < 4; c++) qv[g][c] = _mm512_loadu_ps(q + (size_t)g * 64 + 16 * c);
     for (int t0 = 0; t0 < length; t0 += BLOCK) {
         const int n = length - t0 < BLOCK ? length - t0 : BLOCK;
         __m512 k[BLOCK][4];
-        for (int i = 0; t0 + BLOCK + i < length && i < BLOCK; i++) prefetch_row(keys + (size_t)slots[t0 + BLOCK + i] * 64);
+        for (int i = 0; t0 + BLOCK + i < length && i < BLOCK; i++) prefetch_row(keys + (size_t)slots[t0 + BLOCK + i] * bytes);
         for (int i = 0; i < BLOCK; i++) {
-            const uint16_t *row = keys + (size_t)slots[t0 + (i < n ? i : 0)] * 64;
-            for (int c = 0; c < 4; c++) k[i][c] = load_bf16_16(row + 16 * c);
+            const unsigned char *row = keys + (size_t)slots[t0 + (i < n ? i : 0)] * bytes;
+            const __m512 s = _mm512_set1_ps(row_scale(row, 64, kind));
+            for (int c = 0; c < 4; c++) k[i][c] = load16(row, 16 * c, kind, s);
         }
         for (int g = 0; g < groups; g++) {
             __m256 acc[BLOCK];
@@ -224,10 +257,11 @@ static inline AVX512 void one_head_64(const float *restrict q, int groups, const
         for (int g = 0; g < 3; g++)
             for (int c = 0; c < 4; c++) acc[g][c] = _mm512_setzero_ps();
         for (int t = 0; t < length; t++) {
-            if (t + AHEAD < length) prefetch_row(values + (size_t)slots[t + AHEAD] * 64);
-            const uint16_t *v = values + (size_t)slots[t] * 64;
-            const __m512 v0 = load_bf16_16(v), v1 = load_bf16_16(v + 16);
-            const __m512 v2 = load_bf16_16(v + 32), v3 = load_bf16_16(v + 48);
+            if (t + AHEAD < length) prefetch_row(values + (size_t)slots[t + AHEAD] * bytes);
+            const unsigned char *v = values + (size_t)slots[t] * bytes;
+            const __m512 s = _mm512_set1_ps(row_scale(v, 64, kind));
+            const __m512 v0 = load16(v, 0, kind, s), v1 = load16(v, 16, kind, s);
+            const __m512 v2 = load16(v, 32, kind, s), v3 = load16(v, 48, kind, s);
             for (int g = 0; g < 3; g++) {
                 if (g < gn) {
                     const __m512 pt = _mm512_set1_ps(scores[(size_t)(g0 + g) * length + t]);
@@ -246,56 +280,88 @@ static inline AVX512 void one_head_64(const float *restrict q, int groups, const
     }
 }
 
-static __attribute__((target("avx512f,avx2,fma"))) void all_heads_64(
-    const float *q, int b, int kv_heads, int groups, const uint16_t *pool, int64_t slots,
+static inline AVX512 void all_heads_64(
+    const float *q, int b, int kv_heads, int groups, const int kind, const unsigned char *pool, int64_t slots,
     const int64_t *gather, int stride, const int32_t *lengths, float scale, float *scores, float *out) {
-    const size_t head = (size_t)slots * 64;
+    const size_t head = (size_t)slots * row_bytes(64, kind);
     float total[64];
     for (int i = 0; i < b; i++) {
         for (int h = 0; h < kv_heads; h++) {
             const size_t at = ((size_t)i * kv_heads + h) * groups * 64;
-            one_head_64(q + at, groups, pool + h * head, pool + (kv_heads + h) * head, gather + (size_t)i * stride,
-                        lengths[i], scale, scores, out + at, total);
+            one_head_64(q + at, groups, kind, pool + h * head, pool + (kv_heads + h) * head,
+                        gather + (size_t)i * stride, lengths[i], scale, scores, out + at, total);
         }
     }
+}
+
+/* each kind of pool compiled on its own (its loads inlined) */
+static __attribute__((target("avx512f,avx2,fma"))) void all_heads_64_bf16(
+    const float *q, int b, int kv_heads, int groups, const unsigned char *pool, int64_t slots,
+    const int64_t *gather, int stride, const int32_t *lengths, float scale, float *scores, float *out) {
+    all_heads_64(q, b, kv_heads, groups, KIND_BF16, pool, slots, gather, stride, lengths, scale, scores, out);
+}
+
+static __attribute__((target("avx512f,avx2,fma"))) void all_heads_64_int8(
+    const float *q, int b, int kv_heads, int groups, const unsigned char *pool, int64_t slots,
+    const int64_t *gather, int stride, const int32_t *lengths, float scale, float *scores, float *out) {
+    all_heads_64(q, b, kv_heads, groups, KIND_INT8, pool, slots, gather, stride, lengths, scale, scores, out);
 }
 
 /* every sequence and KV head; head size 64 (8 chunks) compiled on its own, its loops unrolled */
-static AVX2 void all_heads(const float *q, int b, int kv_heads, int groups, int dim, const uint16_t *pool,
-                           int64_t slots, const int64_t *gather, int stride, const int32_t *lengths,
-                           float scale, float *scores, float *out) {
-    const size_t head = (size_t)slots * dim;
+static inline AVX2 __attribute__((always_inline)) void all_heads(
+    const float *q, int b, int kv_heads, int groups, int dim, const int kind, const unsigned char *pool,
+    int64_t slots, const int64_t *gather, int stride, const int32_t *lengths, float scale, float *scores,
+    float *out) {
+    const size_t head = (size_t)slots * row_bytes(dim, kind);
     for (int i = 0; i < b; i++) {
         for (int h = 0; h < kv_heads; h++) {
             const size_t at = ((size_t)i * kv_heads + h) * groups * dim;
-            const uint16_t *k = pool + h * head, *v = pool + (kv_heads + h) * head;
+            const unsigned char *k = pool + h * head, *v = pool + (kv_heads + h) * head;
             const int64_t *s = gather + (size_t)i * stride;
             if (dim == 64)
-                one_head(q + at, groups, 8, k, v, (size_t)dim, s, lengths[i], scale, scores, out + at);
+                one_head(q + at, groups, 8, kind, k, v, s, lengths[i], scale, scores, out + at);
             else
-                one_head(q + at, groups, dim / 8, k, v, (size_t)dim, s, lengths[i], scale, scores, out + at);
+                one_head(q + at, groups, dim / 8, kind, k, v, s, lengths[i], scale, scores, out + at);
         }
     }
 }
 
-/* q [b, kv_heads·groups, dim] float32; pool as above with `slots` rows per head; gather [b, stride] int64
-   slot lists (sequence i's first lengths[i]); out [b, kv_heads·groups, dim] float32. 0, or -1 on a shape
-   this code does not take (dim not a multiple of 8 or over MAX_DIM, groups over 64) or no memory. */
-int kvadmit_decode_attention(const float *q, int b, int kv_heads, int groups, int dim, const uint16_t *pool,
+static AVX2 void all_heads_bf16(const float *q, int b, int kv_heads, int groups, int dim, const unsigned char *pool,
+                                int64_t slots, const int64_t *gather, int stride, const int32_t *lengths,
+                                float scale, float *scores, float *out) {
+    all_heads(q, b, kv_heads, groups, dim, KIND_BF16, pool, slots, gather, stride, lengths, scale, scores, out);
+}
+
+static AVX2 void all_heads_int8(const float *q, int b, int kv_heads, int groups, int dim, const unsigned char *pool,
+                                int64_t slots, const int64_t *gather, int stride, const int32_t *lengths,
+                                float scale, float *scores, float *out) {
+    all_heads(q, b, kv_heads, groups, dim, KIND_INT8, pool, slots, gather, stride, lengths, scale, scores, out);
+}
+
+/* q [b, kv_heads·groups, dim] float32; pool as above (`kind`: KIND_BF16 or KIND_INT8) with `slots` rows per
+   head; gather [b, stride] int64 slot lists (sequence i's first lengths[i]); out [b, kv_heads·groups, dim]
+   float32. 0, or -1 on a shape this code does not take (dim not a multiple of 8 or over MAX_DIM, groups
+   over 64, an unknown kind) or no memory. The AVX2 path is the reference: `wide` 0 keeps to it. */
+int kvadmit_decode_attention(const float *q, int b, int kv_heads, int groups, int dim, const void *pool,
                              int64_t slots, const int64_t *gather, int stride, const int32_t *lengths,
-                             float scale, float *out) {
-    if (dim % 8 || dim > MAX_DIM || groups > 64 || !__builtin_cpu_supports("avx2") ||
-        !__builtin_cpu_supports("fma"))
+                             float scale, float *out, int kind, int wide) {
+    if (dim % 8 || dim > MAX_DIM || groups > 64 || (kind != KIND_BF16 && kind != KIND_INT8) ||
+        !__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma"))
         return -1;
-    const int wide = dim == 64 && __builtin_cpu_supports("avx512f");
+    wide = wide && dim == 64 && __builtin_cpu_supports("avx512f");
     int longest = 1;
     for (int i = 0; i < b; i++) longest = lengths[i] > longest ? lengths[i] : longest;
     float *scores = (float *)malloc(sizeof(float) * (size_t)groups * longest);
     if (scores == NULL) return -1;
-    if (wide)
-        all_heads_64(q, b, kv_heads, groups, pool, slots, gather, stride, lengths, scale, scores, out);
+    const unsigned char *rows = (const unsigned char *)pool;
+    if (wide && kind == KIND_INT8)
+        all_heads_64_int8(q, b, kv_heads, groups, rows, slots, gather, stride, lengths, scale, scores, out);
+    else if (wide)
+        all_heads_64_bf16(q, b, kv_heads, groups, rows, slots, gather, stride, lengths, scale, scores, out);
+    else if (kind == KIND_INT8)
+        all_heads_int8(q, b, kv_heads, groups, dim, rows, slots, gather, stride, lengths, scale, scores, out);
     else
-        all_heads(q, b, kv_heads, groups, dim, pool, slots, gather, stride, lengths, scale, scores, out);
+        all_heads_bf16(q, b, kv_heads, groups, dim, rows, slots, gather, stride, lengths, scale, scores, out);
     free(scores);
     return 0;
 }

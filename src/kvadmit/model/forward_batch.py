@@ -3,7 +3,8 @@ that reads each sequence's K and V from its pool slots.
 
 A pass computes the new tokens of B sequences: a ragged prefill, or one token each (decode). Sequence b has
 `ctx_b` tokens in its slots, the last `n_b` of them new. A layer's pool is one tensor [2·kv_heads, slots,
-head_dim] (K heads, then V heads), so that gathering slots yields each head's keys as one contiguous block.
+row] (K heads, then V heads; a row is a token's head, as kv_quant.py stores it), so that gathering slots
+yields each head's keys as one contiguous block.
 
 * Decode: through kvadmit's own kernel where it runs (attention_native: each sequence's slots read in
   place, float32 arithmetic); else one gather of every sequence's slots into a padded
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from kvadmit.model import attention_native
+from kvadmit.model import attention_native, kv_quant
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,17 +125,16 @@ def pool_attention(
     for part in fb.prefill:
         rows = slice(part.start, part.start + part.num_new)
         qs = q[rows].transpose(0, 1)[None]  # [1, heads, n, dim]
-        if part.slots is None:
-            ks = k[rows].to(kv_pool.dtype).transpose(0, 1)[None]  # as the pool holds them
-            vs = v[rows].to(kv_pool.dtype).transpose(0, 1)[None]
+        if part.slots is None:  # its own new K and V, as the pool holds them
+            ks = kv_quant.as_stored(k[rows], kv_pool, q.dtype).transpose(0, 1)[None]
+            vs = kv_quant.as_stored(v[rows], kv_pool, q.dtype).transpose(0, 1)[None]
         else:
-            kv = kv_pool.index_select(1, part.slots)  # [2·kv_heads, context, dim]
+            kv = kv_quant.read(kv_pool.index_select(1, part.slots), q.dtype)  # [2·kv_heads, context, dim]
             ks, vs = kv.chunk(2)
             ks, vs = ks[None], vs[None]
         o = F.scaled_dot_product_attention(
-            qs, ks.to(q.dtype), vs.to(q.dtype), attn_mask=part.mask, is_causal=part.mask is None,
-            enable_gqa=True,
-        )  # fmt: skip
+            qs, ks, vs, attn_mask=part.mask, is_causal=part.mask is None, enable_gqa=True
+        )
         out.append(o[0].transpose(0, 1).reshape(part.num_new, -1))
     return torch.cat(out) if len(out) > 1 else out[0]
 
@@ -151,8 +151,9 @@ def _decode_attention(
     # than float32 ones on CPU. A batch multiplies in the pool's dtype (scores in it, softmax in float32):
     # a quantized model computes in float32 over a bf16 pool, and converting the gathered K and V to float32
     # cost more than the two matmuls (at 16 sequences of 577 tokens, 4.1 ms a layer against 1.8 in bf16).
-    dtype = torch.float32 if b == 1 else kv_pool.dtype
-    kv = kv_pool.index_select(1, gather.view(-1)).view(2 * kv_heads, b, gather.shape[1], dim).to(dtype)
+    # (int8 rows are read back in float32)
+    dtype = torch.float32 if b == 1 or kv_quant.is_int8_rows(kv_pool) else kv_pool.dtype
+    kv = kv_quant.read(kv_pool.index_select(1, gather.view(-1)), dtype).view(2 * kv_heads, b, -1, dim)
     keys, values = kv[:kv_heads], kv[kv_heads:]
     # Heads are kv_head·groups + group: [B, heads, dim] → [kv_heads, B, groups, dim].
     queries = q.view(b, kv_heads, -1, dim).transpose(0, 1).to(dtype)

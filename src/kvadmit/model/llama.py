@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kvadmit.model import decode_ops, kv_quant
 from kvadmit.model.forward_batch import ForwardBatch, Sequence, pool_attention
 from kvadmit.model.quant import dense_weights_held
 
@@ -84,6 +85,10 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not torch.compiler.is_compiling():  # a decode step's few float32 rows: one call (decode_ops.c)
+            out = decode_ops.rms_norm(x, self.weight, self.eps)
+            if out is not None:
+                return out
         # Normalised in float32, rounded to the input's dtype, then scaled (as the reference does). Written
         # out: F.rms_norm converts the weight to float32 on every call.
         x32 = x.float()
@@ -172,9 +177,13 @@ class Attention(nn.Module):
         qk = apply_rope(qk, rope)
         q, k, v = qk[:, :h], qk[:, h:], qkv[:, h + kv :]
         # The new tokens' K and V go into their slots first, so that they attend to themselves too.
-        # One indexed write of both (index_put_: torch.compile updates the pool in place with it).
-        new_kv = torch.cat((k, v), dim=1).transpose(0, 1).to(kv_pool.dtype)  # [2·kv_heads, T, dim]
-        kv_pool.index_put_((self.kv_rows, fb.out_slots[None, :]), new_kv)
+        # One indexed write of both (index_put_: torch.compile updates the pool in place with it); into
+        # int8 rows eagerly, one call that quantizes and writes (decode_ops.c).
+        new_kv = torch.cat((k, v), dim=1)  # [T, 2·kv_heads, dim]
+        eager_int8 = kv_quant.is_int8_rows(kv_pool) and not torch.compiler.is_compiling()
+        if not (eager_int8 and decode_ops.kv_store_int8(new_kv, kv_pool, fb.out_slots)):
+            rows = kv_quant.to_pool(new_kv.transpose(0, 1), kv_pool)  # [2·kv_heads, T, row]
+            kv_pool.index_put_((self.kv_rows, fb.out_slots[None, :]), rows)
         return self.o_proj(pool_attention(q, k, v, kv_pool, fb))
 
 
@@ -293,11 +302,11 @@ class CausalLM(nn.Module):
         return total
 
     def new_kv_pool(self, size: int, dtype: torch.dtype | None = None) -> list[torch.Tensor]:
-        """Per layer, the K and V of a pool of `size` token slots: [2·kv_heads, size, head_dim], K heads
-        first."""
+        """Per layer, the K and V of a pool of `size` token slots: [2·kv_heads, size, row], K heads first
+        (a row: head_dim values, or int8 rows' head_dim + 4 bytes, kv_quant.py)."""
         cfg = self.cfg
-        shape = (2 * cfg.num_kv_heads, size, cfg.head_dim)
         dtype = dtype or self.kv_dtype or self.dtype
+        shape = (2 * cfg.num_kv_heads, size, kv_quant.row_width(cfg.head_dim, dtype))
         pools = [torch.empty(shape, dtype=dtype, device=self.device) for _ in range(cfg.num_layers)]
         for pool in pools:
             # A slot is read only after its token's K and V are written, except slot 0, which pads short

@@ -31,6 +31,22 @@ def check_quantization(quantization: str | None, device: str) -> None:
         raise ModelLoadError(f"--quantization {quantization} runs on the CPU only (its kernels are CPU ones)")
 
 
+def kv_pool_dtype(kv_cache_dtype: str) -> torch.dtype | None:
+    """--kv-cache-dtype's pool dtype (kv_quant.pool_dtype), or one line for a choice of SGLang's that
+    kvadmit does not store, with the reason."""
+    from kvadmit.model.kv_cache_dtypes import KV_CACHE_DTYPES
+    from kvadmit.model.kv_quant import pool_dtype
+
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise ModelLoadError(
+            f"--kv-cache-dtype {kv_cache_dtype} is not supported by kvadmit; choose auto (the model's dtype; "
+            "bf16 under --quantization), bf16, or int8 (kvadmit's own: 8 bits and a scale per token and "
+            "head). SGLang's fp8 choices are not offered: on the default model they keep 95.4% "
+            "(fp8_e4m3) and 91.7% (fp8_e5m2) of float32's greedy tokens, against int8's 98.8%"
+        )
+    return pool_dtype(kv_cache_dtype)
+
+
 def load_hf_folder(
     path: str | Path,
     dtype: torch.dtype = torch.float32,

@@ -1,5 +1,5 @@
-"""kvadmit's own CPU kernels, in C (int4_kernel.c, decode_attention.c): compiled with the system's C
-compiler the first time they are needed, into one shared library in the kvadmit cache
+"""kvadmit's own CPU kernels, in C (int4_kernel.c, decode_attention.c, decode_ops.c): compiled with the
+system's C compiler the first time they are needed, into one shared library in the kvadmit cache
 (~/.cache/kvadmit/native, named by a hash of the sources), and loaded with ctypes, whose calls release the
 GIL. Without a compiler `library()` is None (the reason is logged) and the layers that use the kernels keep
 PyTorch's own paths. Each kernel checks the CPU's instruction sets at run time.
@@ -17,7 +17,9 @@ import tempfile
 from functools import cache
 from pathlib import Path
 
-SOURCES = tuple(Path(__file__).with_name(name) for name in ("int4_kernel.c", "decode_attention.c"))
+SOURCES = tuple(
+    Path(__file__).with_name(name) for name in ("int4_kernel.c", "decode_attention.c", "decode_ops.c")
+)
 log = logging.getLogger("kvadmit.executor")
 
 

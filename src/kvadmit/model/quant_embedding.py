@@ -29,14 +29,16 @@ def exact_int8_groups(w: torch.Tensor, group: int = GROUP) -> tuple[torch.Tensor
     w is not bf16, its rows do not split into groups, or no such scales reproduce it."""
     if w.dtype != torch.bfloat16 or w.dim() != 2 or w.shape[1] % group or w.device.type != "cpu":
         return None
-    qs, scales = [], []
+    # (written block by block into the result: a list of blocks and their concatenation held both)
+    q = torch.empty(w.shape, dtype=torch.int8)
+    scales = torch.empty((w.shape[0], w.shape[1] // group), dtype=torch.float32)
     for start in range(0, w.shape[0], ROWS_AT_ONCE):
         found = _block(w[start : start + ROWS_AT_ONCE], group)
         if found is None:
             return None
-        qs.append(found[0])
-        scales.append(found[1])
-    return torch.cat(qs), torch.cat(scales)
+        q[start : start + ROWS_AT_ONCE] = found[0]
+        scales[start : start + ROWS_AT_ONCE] = found[1]
+    return q, scales
 
 
 def _block(w: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor] | None:

@@ -1,6 +1,7 @@
 """Load a model for serving, once, the same way for the offline Engine and `kvadmit serve`: the folder
 (default model, GGUF or HF folder), its tokenizer, the device and dtype resolved, and the KV pool's size
-(--max-total-tokens, or --mem-fraction-static of the memory available at start-up minus the weights)."""
+(--max-total-tokens, or --mem-fraction-static of the memory available at start-up minus the weights) and
+how it stores K and V (--kv-cache-dtype)."""
 
 from __future__ import annotations
 
@@ -74,28 +75,32 @@ def load_model(
     max_total_tokens: int | None = None,
     mem_fraction_static: float | None = None,
     quantization: str | None = None,
+    kv_cache_dtype: str = "auto",
 ) -> LoadedModel:
     from kvadmit.model.device import default_device, resolve_dtype
     from kvadmit.model.heap import bound_kernel_caches, return_freed_memory
-    from kvadmit.model.loading import check_quantization, load_hf_folder
+    from kvadmit.model.kv_quant import bytes_per_row
+    from kvadmit.model.loading import check_quantization, kv_pool_dtype, load_hf_folder
     from kvadmit.model.quant import NO_QUANTIZATION
-    from kvadmit.model.sizing import available_bytes, default_mem_fraction, kv_bytes_per_token, pool_tokens
+    from kvadmit.model.sizing import available_bytes, default_mem_fraction, pool_bytes_per_token, pool_tokens
     from kvadmit.model.tokenizer import load_tokenizer
 
     bound_kernel_caches()  # before the first matmul (model/heap.py)
     device = device or default_device()
     check_quantization(quantization, device)
+    kv_dtype = kv_pool_dtype(kv_cache_dtype)
     torch_dtype = resolve_dtype(dtype, device, quantized=quantization not in NO_QUANTIZATION)
     folder = resolve_model_path(model_path)
     tok_path = tokenizer_path or str(folder)
     tokenizer = load_tokenizer(tok_path)
     model = load_hf_folder(folder, torch_dtype, device, quantization=quantization)
+    model.kv_dtype = kv_dtype or model.kv_dtype
     return_freed_memory()  # the tokenizer's and the loader's garbage
     available = available_bytes(device)
     if max_total_tokens is None:
         cfg = model.cfg
-        kv_itemsize = (model.kv_dtype or model.dtype).itemsize
-        per_token = kv_bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, kv_itemsize)
+        row = bytes_per_row(cfg.head_dim, model.kv_dtype or model.dtype)
+        per_token = pool_bytes_per_token(cfg.num_layers, cfg.num_kv_heads, row)
         fraction = default_mem_fraction(device) if mem_fraction_static is None else mem_fraction_static
         max_total_tokens = pool_tokens(available, fraction, model.weight_bytes(), per_token)
     return LoadedModel(

@@ -37,8 +37,14 @@ def available_memory_bytes() -> int:
 
 
 def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype_bytes: int) -> int:
-    """K and V for every layer."""
+    """K and V for every layer, `dtype_bytes` per value."""
     return 2 * num_layers * num_kv_heads * head_dim * dtype_bytes
+
+
+def pool_bytes_per_token(num_layers: int, num_kv_heads: int, row_bytes: int) -> int:
+    """K and V for every layer, `row_bytes` per token and head (kv_quant.bytes_per_row: int8 rows carry
+    a scale)."""
+    return 2 * num_layers * num_kv_heads * row_bytes
 
 
 def pool_tokens(available: int, fraction: float, weight_bytes: int, per_token: int) -> int:

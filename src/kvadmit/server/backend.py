@@ -128,6 +128,7 @@ def model_backend(
     context_length: int | None,
     quantization: str | None = None,
     compile_max_bs: int | None = None,
+    kv_cache_dtype: str = "auto",
 ) -> Backend:
     """Load the model (the default one when model_path is None) and size the pool; decode batches of up to
     compile_max_bs requests through torch.compile when given."""
@@ -137,6 +138,7 @@ def model_backend(
     m = load_model(
         model_path, tokenizer_path=tokenizer_path, dtype=dtype, device=device,
         max_total_tokens=max_total_tokens, mem_fraction_static=mem_fraction_static, quantization=quantization,
+        kv_cache_dtype=kv_cache_dtype,
     )  # fmt: skip
     eos = m.tokenizer.eos_token_id
     executor = TorchExecutor(m.model, m.pool_size, compile_max_bs=compile_max_bs)

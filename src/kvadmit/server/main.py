@@ -69,6 +69,11 @@ def build_state(ns: argparse.Namespace, args: ServerArgs) -> Any:
         from kvadmit.costmodel.costmodel import CostModelError
 
         lengths = _output_lengths(getattr(ns, "simulate_output_len", None))
+        if ns.kv_cache_dtype != "auto":
+            raise UsageError(
+                f"--kv-cache-dtype {ns.kv_cache_dtype} stores a real model's KV pool; --simulate has none "
+                "(its pool is --max-total-tokens tokens, or the cost model's)"
+            )
         try:
             backend = simulated_backend(
                 ns.simulate, ns.tokenizer_path, args.max_total_tokens, args.context_length, lengths
@@ -86,7 +91,7 @@ def build_state(ns: argparse.Namespace, args: ServerArgs) -> Any:
             backend = model_backend(
                 ns.model_path, ns.tokenizer_path, ns.dtype, None if ns.device == "auto" else ns.device,
                 args.max_total_tokens, ns.mem_fraction_static, args.context_length, ns.quantization,
-                ns.torch_compile_max_bs if ns.enable_torch_compile else None)  # fmt: skip
+                ns.torch_compile_max_bs if ns.enable_torch_compile else None, ns.kv_cache_dtype)  # fmt: skip
         except (ModelLoadError, DefaultModelError, OSError, ValueError) as e:
             raise UsageError(f"cannot load the model: {e}") from None
     name = ns.served_model_name or (
@@ -137,6 +142,7 @@ def _resolved_args(
         tokenizer_path=backend.tokenizer_path, host=ns.host, port=ns.port,
         dtype=backend.dtype, device=backend.device, served_model_name=name, enable_metrics=ns.enable_metrics,
         quantization=None if ns.simulate else ns.quantization,
+        kv_cache_dtype="auto" if ns.simulate else ns.kv_cache_dtype,
         simulate=ns.simulate, max_total_tokens=backend.pool_size, context_length=backend.context_len,
         max_running_requests=runner.scheduler.max_running_requests,
         # SGLang keeps -1 (chunking off) in its arguments, where kvadmit's scheduler holds None
