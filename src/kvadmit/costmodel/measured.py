@@ -6,7 +6,7 @@
                                     --kv-cache-dtype int8)
     cpu-int4:smollm2-135m           the same with the bf16 KV cache (`--quantization int4`)
     cpu-int4-compiled:smollm2-135m  int4 with compiled decode (`--quantization int4 --enable-torch-compile`),
-                                    the mean of two profile runs, before kvadmit's CPU kernels
+                                    the mean of two profile runs
 
 Each file has a `.log` next to it: the command, the machine, the date, its load and the profile's own
 measurements as it printed them. A measured preset takes no options: it is what was measured, nothing
@@ -56,8 +56,8 @@ MEASURED: tuple[MeasuredPreset, ...] = (
         "smollm2-135m",
         "cpu-int4-compiled_smollm2-135m.json",
         "kvadmit profile --quantization int4 --enable-torch-compile of SmolLM2-135M-Instruct (compiled "
-        "decode, before kvadmit's CPU kernels), the mean of two runs on 2 shared Intel Xeon cores "
-        "(AVX512-BF16, AMX), 2026-12-02",
+        "decode, kvadmit's CPU kernels), the mean of two runs on 2 AMD EPYC cores (AVX-512 BF16 and VNNI, "
+        "no AMX), 2026-12-02",
     ),
 )
 MEASURED_HARDWARE = frozenset(p.hardware for p in MEASURED)
