@@ -4,10 +4,8 @@ int8 pool, the pool's size, and the flag's errors."""
 
 from __future__ import annotations
 
-import logging
 import math
 import struct
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -161,20 +159,6 @@ def test_the_loader_refuses_sglangs_fp8_with_the_reason(capsys: pytest.CaptureFi
     assert (
         "'fp9' is not a KV cache dtype; kvadmit stores auto, bf16, bfloat16, int8" in capsys.readouterr().err
     )
-
-
-@pytest.fixture
-def kvadmit_logging_restored() -> Iterator[None]:
-    """serve sets up the "kvadmit" logger (handlers on this test's stderr, its level, no propagation): put
-    it back as it was, for the tests after this one."""
-    logger = logging.getLogger("kvadmit")
-    saved = (list(logger.handlers), logger.level, logger.propagate)
-    try:
-        yield
-    finally:
-        logger.handlers[:] = saved[0]
-        logger.setLevel(saved[1])
-        logger.propagate = saved[2]
 
 
 @pytest.mark.usefixtures("kvadmit_logging_restored")

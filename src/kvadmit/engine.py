@@ -153,6 +153,8 @@ class Engine:
         return True
 
     def _process(self, batch: ScheduledBatch, result: StepResult) -> None:
+        if result.graph:
+            batch.graph = True
         outcome = self.scheduler.on_batch_done(batch, result.next_token_ids, result.filler)
         now = self.clock.now()
         for watch in self.step_observers:

@@ -56,7 +56,25 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
         default=32,  # SGLang 0.5.22's default
         help="larger decode batches and every prefill run eagerly (default %(default)s)",
     )
+    add_cuda_graph_flags(g)
     add_kvadmit_serve_flags(p)
+
+
+def add_cuda_graph_flags(g: argparse._ArgumentGroup) -> None:
+    """SGLang's decode CUDA graph flags (model/cuda_graph.py); on a CPU they change nothing."""
+    g.add_argument("--disable-cuda-graph", action="store_true",
+                   help="on a GPU, decode eagerly instead of replaying CUDA graphs")  # fmt: skip
+    g.add_argument("--disable-decode-cuda-graph", action="store_true",
+                   help="the same here (kvadmit captures decode steps only)")  # fmt: skip
+    g.add_argument("--cuda-graph-max-bs-decode", "--cuda-graph-max-bs", dest="cuda_graph_max_bs_decode",
+                   type=int, default=None, metavar="N",
+                   help="the largest decode batch replayed from a CUDA graph; larger ones run eagerly "
+                   "(default: by the GPU's memory, as SGLang 0.5.22 chooses it: 8 under 20 GiB, 48 under 35, "
+                   "32 under 60, 256 under 160, 512 above; cut to --max-running-requests)")  # fmt: skip
+    g.add_argument("--cuda-graph-bs-decode", type=int, nargs="+", default=None, metavar="N",
+                   help="capture exactly these decode batch sizes (the largest is the max bs)")  # fmt: skip
+    g.add_argument("--disable-cuda-graph-padding", action="store_true",
+                   help="capture every batch size up to the max bs, so that no batch is padded")  # fmt: skip
 
 
 def add_kvadmit_serve_flags(p: argparse.ArgumentParser) -> None:

@@ -46,9 +46,9 @@ NO_EFFECT: tuple[str, ...] = (
     "bf16_gemm_backend", "dsa_prefill_backend", "dsv4_prefill_backend", "dsa_decode_backend",
     "dsa_paged_mqa_logits_backend", "dsa_topk_backend", "disable_flashinfer_autotune",
     "flashinfer_autotune_skip_ops", "mamba_backend", "cuda_graph_config", "cuda_graph_backend_decode",
-    "cuda_graph_backend_prefill", "cuda_graph_max_bs_decode", "cuda_graph_max_bs_prefill",
-    "cuda_graph_bs_decode", "cuda_graph_bs_prefill", "cuda_graph_prefill_max_context",
-    "disable_prefill_cuda_graph", "disable_decode_cuda_graph", "disable_cuda_graph_padding",
+    "cuda_graph_backend_prefill", "cuda_graph_max_bs_prefill",
+    "cuda_graph_bs_prefill", "cuda_graph_prefill_max_context",
+    "disable_prefill_cuda_graph",
     "enable_profile_cuda_graph", "enable_cudagraph_gc", "debug_cuda_graph", "enable_layerwise_nvtx_marker",
     "enable_nccl_nvls", "enable_symm_mem", "triton_attention_reduce_in_fp32",
     "triton_attention_num_kv_splits", "triton_attention_split_tile_size", "flashinfer_mla_disable_ragged",
@@ -140,7 +140,7 @@ NO_EFFECT: tuple[str, ...] = (
     "speculative_draft_sink_size", "disable_aiter_allreduce_fusion_in_prefill",
     "disable_aiter_allreduce_fusion_in_decode", "dsa_triton_union", "enable_dsa_fused_indexer",
     "enable_watermark", "watermark_config", "grpc_response_timeout_secs", "sampling_backend",
-    "reasoning_parser", "tool_call_parser", "kv_canary_real_data", "disable_cuda_graph",
+    "reasoning_parser", "tool_call_parser", "kv_canary_real_data",
     "enable_flashinfer_allreduce_fusion",
 )
 # fmt: on

@@ -51,6 +51,11 @@ IMPLEMENTED: dict[str, str] = {
     "enable_mixed_chunk": "--enable-mixed-chunk",
     "enable_torch_compile": "--enable-torch-compile",
     "torch_compile_max_bs": "--torch-compile-max-bs",
+    "disable_cuda_graph": "--disable-cuda-graph",
+    "disable_decode_cuda_graph": "--disable-decode-cuda-graph",
+    "cuda_graph_max_bs_decode": "--cuda-graph-max-bs-decode",
+    "cuda_graph_bs_decode": "--cuda-graph-bs-decode",
+    "disable_cuda_graph_padding": "--disable-cuda-graph-padding",
     "config": "--config",
     # priority scheduling (scheduler/priority.py)
     "enable_priority_scheduling": "--enable-priority-scheduling",

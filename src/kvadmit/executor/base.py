@@ -14,6 +14,7 @@ class StepResult(NamedTuple):
     # (a token id, the positions whose token is not it), where the executor knows (the simulated one's
     # decode steps): the scheduler then looks for stop tokens at those positions only
     filler: tuple[int, list[int]] | None = None
+    graph: bool = False  # it ran from a captured graph (CUDA graph, or the compiled decode on a CPU)
 
 
 class Executor(Protocol):

@@ -19,6 +19,7 @@ import torch
 from kvadmit.executor.base import StepResult
 from kvadmit.executor.prefill_passes import PASS_TOKENS, Piece, split_passes
 from kvadmit.model.compiled import CompiledDecode
+from kvadmit.model.cuda_graph import Capture, CudaGraphCapture, GraphDecode
 from kvadmit.model.forward_batch import ForwardBatch, Sequence
 from kvadmit.model.heap import return_freed_memory
 from kvadmit.model.llama import CausalLM
@@ -42,10 +43,13 @@ class Row:
 class TorchExecutor:
     def __init__(
         self, model: CausalLM, pool_size: int, dtype: torch.dtype | None = None, seed: int = 0,
-        compile_max_bs: int | None = None,
+        compile_max_bs: int | None = None, graph_sizes: list[int] | None = None,
+        context_len: int | None = None, graph_capture: Capture | None = None,
     ) -> None:  # fmt: skip
         """compile_max_bs: decode batches of up to that many requests through torch.compile (compiled now,
-        model/compiled.py); None: all eager. If compiling fails, every batch runs eagerly (one log line)."""
+        model/compiled.py); None: all eager. If compiling fails, every batch runs eagerly (one log line).
+        graph_sizes: decode batches replayed from graphs captured now at these batch sizes, for contexts up to
+        context_len (model/cuda_graph.py; `graph_capture` records them, a CUDA graph by default)."""
         self.model = model
         self.kv_pool = model.new_kv_pool(pool_size, dtype)
         self.pass_tokens = PASS_TOKENS  # a prefill batch's new tokens per forward pass, at most
@@ -56,6 +60,9 @@ class TorchExecutor:
                 self.compiled.warm_up(self.kv_pool)
             except Exception as e:  # a model or torch build inductor cannot compile: serve eagerly
                 self._give_up_compiling("in warm-up", e)
+        self.graphs: GraphDecode | None = None
+        if graph_sizes is not None:
+            self._capture_graphs(graph_sizes, context_len or model.cfg.max_position_embeddings, graph_capture)
         self.sampler = Sampler(seed)
         # the requests whose tokens' log probabilities are kept: rid → how many top tokens' too
         self.logprob_rids: dict[str, int] = {}
@@ -67,6 +74,29 @@ class TorchExecutor:
         log.warning("--enable-torch-compile: compiling failed %s (%s: %s); decoding eagerly instead", when,
                     type(e).__name__, first[:200])  # fmt: skip
         self.compiled = None
+
+    def _capture_graphs(self, sizes: list[int], context_len: int, capture: Capture | None) -> None:
+        """SGLang's two start-up lines around the capture (its format, with this device's memory)."""
+        from kvadmit.model.sizing import available_bytes
+
+        device = self.model.device
+        label = "CUDA graph" if device.type == "cuda" else f"{device.type.upper()} graph"
+        before = available_bytes(str(device)) / 2**30
+        log.info("Capture target decode %s begin. backend=full, num_tokens_per_req=1, avail mem=%.2f GB",
+                 label, before)  # fmt: skip
+        try:
+            self.graphs = GraphDecode(self.model, self.kv_pool, sizes, context_len,
+                                      capture or CudaGraphCapture(device))  # fmt: skip
+            seconds = self.graphs.capture_all()
+        except Exception as e:  # a model or device a graph cannot record: decode eagerly
+            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            log.warning("Capture %s failed (%s: %s); decoding eagerly instead (--disable-cuda-graph says so "
+                        "up front)", label, type(e).__name__, first[:200])  # fmt: skip
+            self.graphs = None
+            return
+        after = available_bytes(str(device)) / 2**30
+        log.info("Capture target decode %s end. bs=%s, elapsed=%.2f s, mem usage=%.2f GB, avail mem=%.2f GB.",
+                 label, sizes, seconds, before - after, after)  # fmt: skip
 
     def rows(self, batch: ScheduledBatch) -> list[Row]:
         """Each request's part of a scheduled batch: its new tokens, their positions and its slots."""
@@ -100,28 +130,32 @@ class TorchExecutor:
             seqs.append(Sequence(torch.tensor(row.slots[: p.end]), p.end - p.begin))
         return ForwardBatch.build(torch.tensor(ids), torch.tensor(positions), seqs, self.model.device)
 
-    def logits(self, batch: ScheduledBatch) -> torch.Tensor:
+    def logits(self, batch: ScheduledBatch) -> tuple[torch.Tensor, bool]:
         """[B, vocab] each request's next-token logits: a prefill of more than pass_tokens new tokens in
-        several passes, a decode batch that fits through the compiled graphs, else one eager pass."""
+        several passes, a decode batch that fits replayed from a graph or run through the compiled graphs,
+        else one eager pass; and whether a graph ran it (the log lines' "cuda graph: True")."""
         rows = self.rows(batch)
         if batch.kind == "prefill" and sum(r.end - r.begin for r in rows) > self.pass_tokens:
             out = []
             for pieces in split_passes([(r.begin, r.end) for r in rows], self.pass_tokens):
                 logits = self.model.forward_batch(self.forward_batch(rows, pieces), self.kv_pool)
                 out.append(logits[[i for i, p in enumerate(pieces) if p.last]])
-            return torch.cat(out)
+            return torch.cat(out), False
+        if batch.kind == "decode" and self.graphs is not None and self.graphs.applies(rows):
+            return self.graphs(rows), True
         fb = self.forward_batch(rows)
         if self.compiled is not None and self.compiled.applies(fb):
             try:
-                return self.compiled(fb, self.kv_pool)
+                return self.compiled(fb, self.kv_pool), True
             except Exception as e:  # a recompilation that fails: this batch (its K and V rewritten) and
                 self._give_up_compiling("on a batch", e)  # every later one run eagerly
-        return self.model.forward_batch(fb, self.kv_pool)
+        return self.model.forward_batch(fb, self.kv_pool), False
 
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> StepResult:
         start = time.perf_counter()
-        logits = self.logits(batch).float()  # exact; and argmax over bf16 is slow on CPU
+        logits, graph = self.logits(batch)
+        logits = logits.float()  # exact; and argmax over bf16 is slow on CPU
         if batch.kind == "prefill" and self.model.device.type == "cpu":
             return_freed_memory()  # its activations' heap pages (model/heap.py)
         tokens = logits.argmax(dim=-1).tolist()  # the step's one device-to-host sync
@@ -136,4 +170,4 @@ class TorchExecutor:
                     self.logprobs.setdefault(req.rid, []).append(lp)
                     if top:
                         self.top_logprobs.setdefault(req.rid, []).append(best)
-        return StepResult(tokens, time.perf_counter() - start)
+        return StepResult(tokens, time.perf_counter() - start, graph=graph)

@@ -69,7 +69,7 @@ class SGLangLogWriter:
                     num_used_tokens=event.num_used_tokens,
                     token_usage=event.token_usage,
                     graph_label=self.graph_label,
-                    graph=False,
+                    graph=event.graph,
                     gen_throughput=event.generated_tokens / elapsed if elapsed > 0 else 0.0,
                     queue_req=event.queue_req,
                 ),

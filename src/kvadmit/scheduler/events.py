@@ -90,6 +90,7 @@ class DecodeBatchStats:
     queue_req: int
     generated_tokens: int  # tokens generated since the previous decode line (for gen throughput)
     sum_seq_lens: int = 0  # Σ KV length of the batch's requests after the step (sglang:decode_sum_seq_lens)
+    graph: bool = False  # the step ran from a captured graph (the line's "cuda graph: True")
 
     # Written out (the fields, in order, with their defaults; tests/test_native_inits.py checks): the
     # compiled core builds it natively, where dataclass's generated __init__ is interpreted Python.
@@ -102,6 +103,7 @@ class DecodeBatchStats:
         queue_req: int,
         generated_tokens: int,
         sum_seq_lens: int = 0,
+        graph: bool = False,
     ) -> None:
         _set_field(self, "running_req", running_req)
         _set_field(self, "num_used_tokens", num_used_tokens)
@@ -109,6 +111,7 @@ class DecodeBatchStats:
         _set_field(self, "queue_req", queue_req)
         _set_field(self, "generated_tokens", generated_tokens)
         _set_field(self, "sum_seq_lens", sum_seq_lens)
+        _set_field(self, "graph", graph)
 
 
 @dataclass(frozen=True, slots=True)

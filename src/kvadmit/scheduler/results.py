@@ -246,6 +246,7 @@ class StepResults:
                     generated_tokens=self._generated_since_log,
                     # The step wrote the KV of each request's input token; the token it sampled has none yet.
                     sum_seq_lens=_sum_seqlens(batch.reqs) - len(batch.reqs),
+                    graph=batch.graph,
                 )
             )
             self._generated_since_log = 0

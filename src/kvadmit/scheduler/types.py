@@ -40,6 +40,7 @@ class ScheduledBatch:
     # rows (kvs then holds every row's slots)
     decoding: list[Req] | None = None
     finish_stamp: int = 0  # the scheduler's count of ended requests when it handed the batch out
+    graph: bool = False  # the executor ran it from a captured graph (set with its result: "cuda graph: True")
 
     # Written out (the fields, in order, with their defaults; tests/test_native_inits.py checks): the
     # compiled core builds it natively, where dataclass's generated __init__ is interpreted Python.
@@ -54,6 +55,7 @@ class ScheduledBatch:
         outs: list[list[int]] | None = None,
         decoding: list[Req] | None = None,
         finish_stamp: int = 0,
+        graph: bool = False,
     ) -> None:
         self.kind = kind
         self.reqs = reqs
@@ -64,6 +66,7 @@ class ScheduledBatch:
         self.outs = outs
         self.decoding = decoding
         self.finish_stamp = finish_stamp
+        self.graph = graph
 
 
 @dataclass(slots=True)

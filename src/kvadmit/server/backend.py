@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvadmit.config import SIMULATED_CONTEXT_LENGTH
 from kvadmit.costmodel.costmodel import CostModel
 from kvadmit.executor.base import Executor, StepResult
 from kvadmit.executor.output_lengths import OutputLengths
 from kvadmit.scheduler.types import ScheduledBatch
+
+if TYPE_CHECKING:
+    from kvadmit.model.cuda_graph_sizes import GraphFlags
 
 SIMULATED_POOL_DEFAULT = 200_000  # tokens, when --simulate runs without --max-total-tokens
 
@@ -129,10 +132,13 @@ def model_backend(
     quantization: str | None = None,
     compile_max_bs: int | None = None,
     kv_cache_dtype: str = "auto",
+    graphs: GraphFlags | None = None,
 ) -> Backend:
     """Load the model (the default one when model_path is None) and size the pool; decode batches of up to
-    compile_max_bs requests through torch.compile when given."""
+    compile_max_bs requests through torch.compile when given; on a GPU, decode steps replayed from CUDA
+    graphs unless `graphs` turns them off."""
     from kvadmit.executor.torch_runner import TorchExecutor
+    from kvadmit.model.cuda_graph_sizes import GraphFlags
     from kvadmit.model.runtime import load_model
 
     m = load_model(
@@ -141,12 +147,16 @@ def model_backend(
         kv_cache_dtype=kv_cache_dtype,
     )  # fmt: skip
     eos = m.tokenizer.eos_token_id
-    executor = TorchExecutor(m.model, m.pool_size, compile_max_bs=compile_max_bs)
+    context_len = context_length or m.model.cfg.max_position_embeddings
+    sizes = (graphs or GraphFlags()).capture_sizes(m.model.device.type, _gpu_memory_mib(m.model.device))
+    executor = TorchExecutor(
+        m.model, m.pool_size, compile_max_bs=compile_max_bs, graph_sizes=sizes, context_len=context_len
+    )
     return Backend(
         tokenizer=m.tokenizer,
         executor=executor,
         pool_size=m.pool_size,
-        context_len=context_length or m.model.cfg.max_position_embeddings,
+        context_len=context_len,
         eos_token_ids=frozenset({eos} if eos is not None else set()),
         model_path=str(model_path or m.folder),
         tokenizer_path=m.tokenizer_path,
@@ -156,3 +166,12 @@ def model_backend(
         weight_bytes=m.model.weight_bytes(),
         kv_cache_bytes=sum(t.numel() * t.element_size() for t in executor.kv_pool),
     )
+
+
+def _gpu_memory_mib(device: Any) -> float | None:
+    """The GPU's whole memory in MiB (what SGLang's defaults read); None off a GPU."""
+    import torch
+
+    if device.type != "cuda":
+        return None
+    return float(torch.cuda.get_device_properties(device).total_memory) / 2**20

@@ -23,6 +23,7 @@ from kvadmit.errors import UsageError
 
 if TYPE_CHECKING:
     from kvadmit.executor.output_lengths import OutputLengths
+    from kvadmit.model.cuda_graph_sizes import GraphFlags
     from kvadmit.server.traces import TraceFile
 
 log = logging.getLogger("kvadmit.server")
@@ -52,6 +53,22 @@ def _trace_file(path: str | None, flag: str) -> TraceFile | None:
         return TraceFile(path, flag)
     except OSError as e:
         raise UsageError(f"{flag}: cannot write {path!r}: {e.strerror}") from None
+
+
+def _graph_flags(ns: argparse.Namespace, args: ServerArgs) -> GraphFlags:
+    """serve's CUDA graph flags, checked before any model is loaded."""
+    from kvadmit.model.cuda_graph_sizes import GraphFlags
+
+    graphs = GraphFlags(
+        disable=ns.disable_cuda_graph or ns.disable_decode_cuda_graph, max_bs=ns.cuda_graph_max_bs_decode,
+        sizes=ns.cuda_graph_bs_decode, no_padding=ns.disable_cuda_graph_padding,
+        max_running_requests=args.max_running_requests,
+    )  # fmt: skip
+    try:
+        graphs.check()
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    return graphs
 
 
 def build_state(ns: argparse.Namespace, args: ServerArgs) -> Any:
@@ -87,11 +104,13 @@ def build_state(ns: argparse.Namespace, args: ServerArgs) -> Any:
         from kvadmit.model.default import DefaultModelError
         from kvadmit.model.loading import ModelLoadError
 
+        graphs = _graph_flags(ns, args)
         try:
             backend = model_backend(
                 ns.model_path, ns.tokenizer_path, ns.dtype, None if ns.device == "auto" else ns.device,
                 args.max_total_tokens, ns.mem_fraction_static, args.context_length, ns.quantization,
-                ns.torch_compile_max_bs if ns.enable_torch_compile else None, ns.kv_cache_dtype)  # fmt: skip
+                ns.torch_compile_max_bs if ns.enable_torch_compile else None, ns.kv_cache_dtype,
+                graphs)  # fmt: skip
         except (ModelLoadError, DefaultModelError, OSError, ValueError) as e:
             raise UsageError(f"cannot load the model: {e}") from None
     name = ns.served_model_name or (
