@@ -13,19 +13,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import make_req
 from kvadmit.config import ServerArgs
 from kvadmit.engine import Engine, VirtualClock
 from kvadmit.executor.torch_runner import Row, TorchExecutor
 from kvadmit.model.loading import load_hf_folder
 from kvadmit.observe.sglang_log import SGLangLogWriter
 from kvadmit.request import Req
-from kvadmit.sampling_params import SamplingParams
 from kvadmit.scheduler.events import DecodeBatchStats
 from kvadmit.scheduler.scheduler import Scheduler
+from tiny_llama import CONTEXT, greedy, greedy_req, save_tiny_llama  # (512 positions: keys 256 and 512)
 
 transformers = pytest.importorskip("transformers")
-CONTEXT = 512  # key lengths 256 and 512
 
 
 class EagerReplay:
@@ -42,29 +40,8 @@ class EagerReplay:
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[object, Path]:
-    torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(
-        vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=CONTEXT,
-    )  # fmt: skip
-    model = transformers.LlamaForCausalLM(cfg).float().eval()
     folder = tmp_path_factory.mktemp("tiny")
-    model.save_pretrained(folder, safe_serialization=True)
-    return model, folder
-
-
-def greedy(model: object, prompt: list[int], n: int) -> list[int]:
-    ids = list(prompt)
-    with torch.no_grad():
-        for _ in range(n):
-            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))  # type: ignore[operator]
-    return ids[len(prompt) :]
-
-
-def greedy_req(rid: str, prompt: list[int], max_new: int) -> Req:
-    q = make_req(rid, prompt=prompt, max_new_tokens=max_new, ignore_eos=True)
-    q.params = SamplingParams(temperature=0.0)
-    return q
+    return save_tiny_llama(folder), folder
 
 
 class _Quiet:
@@ -111,7 +88,7 @@ def serve(
             events.append(event)
 
     engine = Engine(sched, executor, VirtualClock(), _Quiet(), [note])
-    reqs = [greedy_req(f"r{i}", p, 12) for i, p in enumerate(prompts)]
+    reqs = [greedy_req(f"r{i}", p, 12, ignore_eos=True) for i, p in enumerate(prompts)]
     for q in reqs:
         engine.submit(q)
     while engine.step():

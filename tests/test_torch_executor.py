@@ -17,29 +17,15 @@ from kvadmit.request import Req
 from kvadmit.sampling_params import SamplingParams
 from kvadmit.scheduler.events import Retraction
 from kvadmit.scheduler.scheduler import Scheduler
+from tiny_llama import greedy, greedy_req, save_tiny_llama
 
 transformers = pytest.importorskip("transformers")
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[object, Path]:
-    torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(
-        vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=512,
-    )  # fmt: skip
-    model = transformers.LlamaForCausalLM(cfg).float().eval()
     folder = tmp_path_factory.mktemp("tiny")
-    model.save_pretrained(folder, safe_serialization=True)
-    return model, folder
-
-
-def greedy(model: object, prompt: list[int], n: int) -> list[int]:
-    ids = list(prompt)
-    with torch.no_grad():
-        for _ in range(n):
-            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))  # type: ignore[operator]
-    return ids[len(prompt) :]
+    return save_tiny_llama(folder), folder
 
 
 def run(sched: Scheduler, executor: TorchExecutor) -> list[object]:
@@ -53,12 +39,6 @@ def run(sched: Scheduler, executor: TorchExecutor) -> list[object]:
         events += sched.drain_events()
         sched.check_invariants()
     raise AssertionError("did not finish")
-
-
-def greedy_req(rid: str, prompt: list[int], max_new: int, ignore_eos: bool = False) -> Req:
-    q = make_req(rid, prompt=prompt, max_new_tokens=max_new, ignore_eos=ignore_eos)
-    q.params = SamplingParams(temperature=0.0)
-    return q
 
 
 PROMPTS = [[5, 17, 3, 88, 41, 9, 60, 2], [33, 71, 12, 44, 7, 90, 1, 8, 19, 23, 42], [3, 3, 3, 3, 3]]
