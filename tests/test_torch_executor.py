@@ -10,6 +10,7 @@ import torch
 
 from helpers import make_req
 from kvadmit.config import SchedulerKnobs, ServerArgs
+from kvadmit.executor.base import StepResult
 from kvadmit.executor.torch_runner import TorchExecutor
 from kvadmit.model.forward_batch import ForwardBatch, Sequence
 from kvadmit.model.loading import load_hf_folder
@@ -17,6 +18,7 @@ from kvadmit.request import Req
 from kvadmit.sampling_params import SamplingParams
 from kvadmit.scheduler.events import Retraction
 from kvadmit.scheduler.scheduler import Scheduler
+from kvadmit.scheduler.types import ScheduledBatch
 from tiny_llama import greedy, greedy_req, save_tiny_llama
 
 transformers = pytest.importorskip("transformers")
@@ -154,10 +156,25 @@ def test_compiled_decode_gives_the_same_greedy_outputs(tiny: tuple[object, Path]
         return graph(fb, kv_pool)
 
     executor.compiled._graph = counting
+    run_step, reported = executor.run, []
+
+    def reporting(batch: ScheduledBatch) -> StepResult:
+        result = run_step(batch)
+        reported.append((batch.kind, len(batch.reqs), result.graph))
+        return result
+
+    executor.run = reporting  # type: ignore[method-assign]
     lengths = [12, 6, 3]  # finish one after the other: batches of 3, 2, then 1
     outputs = scheduled_outputs(executor, lengths)
     assert outputs == [greedy(ref, p, n) for p, n in zip(PROMPTS, lengths, strict=True)]
     assert set(sizes) == {1, 2}  # (the start-up warm-up compiled both; three at once ran eagerly)
+    # each step says whether a graph ran it (the log's "cpu graph: True", as SGLang's CPU graph runner)
+    assert {(kind, n, graph) for kind, n, graph in reported if kind == "decode"} == {
+        ("decode", 3, False),
+        ("decode", 2, True),
+        ("decode", 1, True),
+    }
+    assert not any(graph for kind, _, graph in reported if kind == "prefill")
     # (a warm-up outside inference mode left both graphs guarded on it: each size compiled again here)
     assert counters["stats"]["unique_graphs"] == graphs_after_warm_up
 
