@@ -50,9 +50,10 @@ lint: $(STAMP)
 # The default model on 127.0.0.1:30000; pass more flags with ARGS="--enable-metrics ...". SERVE_DEFAULTS is
 # the setting that meets all three of issue 22's targets at once (benchmarks/engine_speed.txt, 2 AMD EPYC
 # cores, 1 thread each, best of 2 rounds): int4 weights through kvadmit's own CPU kernels and an int8 KV
-# cache (98.8% greedy agreement with float32; Paris): single stream 102.5 tok/s against llama.cpp's
-# llama-server 88.9 (9.7 against 11.2 ms of server CPU a token), 16 concurrent requests 84.4 against 31.0,
-# peak memory 551 MB against 434 (target 600). It starts in seconds. Faster in a single stream, at 847 MB
+# cache (98.8% greedy agreement with float32; Paris): single stream 86.5 tok/s against llama.cpp's
+# llama-server 84.5 on 2026-12-03 (102.5 against 88.9 the day before: the single stream moves by a quarter
+# between runs), 16 concurrent requests 79.3 against 29.1, peak memory 543 MB against 434 (target 600).
+# It starts in seconds. Faster in a single stream, at 847 MB
 # and a first start that compiles for about 2 minutes: SERVE_DEFAULTS="--quantization int4
 # --enable-torch-compile" (134.7 tok/s, 7.4 ms a token; bf16 KV, 99.2%). The kernels run on one thread.
 # On a GPU: SERVE_DEFAULTS= (int4 is CPU only).
