@@ -153,8 +153,7 @@ class Engine:
         return True
 
     def _process(self, batch: ScheduledBatch, result: StepResult) -> None:
-        if result.graph:
-            batch.graph = True
+        batch.graph = result.graph
         outcome = self.scheduler.on_batch_done(batch, result.next_token_ids, result.filler)
         now = self.clock.now()
         for watch in self.step_observers:

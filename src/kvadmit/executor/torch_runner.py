@@ -70,9 +70,8 @@ class TorchExecutor:
         self.top_logprobs: dict[str, list[list[tuple[float, int]]]] = {}  # rid → one list per sampled token
 
     def _give_up_compiling(self, when: str, e: Exception) -> None:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         log.warning("--enable-torch-compile: compiling failed %s (%s: %s); decoding eagerly instead", when,
-                    type(e).__name__, first[:200])  # fmt: skip
+                    type(e).__name__, _first_line(e))  # fmt: skip
         self.compiled = None
 
     def _capture_graphs(self, sizes: list[int], context_len: int, capture: Capture | None) -> None:
@@ -80,7 +79,7 @@ class TorchExecutor:
         from kvadmit.model.sizing import available_bytes
 
         device = self.model.device
-        label = "CUDA graph" if device.type == "cuda" else f"{device.type.upper()} graph"
+        label = f"{device.type.upper()} graph"  # (SGLang's "CUDA graph", "CPU graph")
         before = available_bytes(str(device)) / 2**30
         log.info("Capture target decode %s begin. backend=full, num_tokens_per_req=1, avail mem=%.2f GB",
                  label, before)  # fmt: skip
@@ -89,9 +88,8 @@ class TorchExecutor:
                                       capture or CudaGraphCapture(device))  # fmt: skip
             seconds = self.graphs.capture_all()
         except Exception as e:  # a model or device a graph cannot record: decode eagerly
-            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
             log.warning("Capture %s failed (%s: %s); decoding eagerly instead (--disable-cuda-graph says so "
-                        "up front)", label, type(e).__name__, first[:200])  # fmt: skip
+                        "up front)", label, type(e).__name__, _first_line(e))  # fmt: skip
             self.graphs = None
             return
         after = available_bytes(str(device)) / 2**30
@@ -171,3 +169,9 @@ class TorchExecutor:
                     if top:
                         self.top_logprobs.setdefault(req.rid, []).append(best)
         return StepResult(tokens, time.perf_counter() - start, graph=graph)
+
+
+def _first_line(e: Exception) -> str:
+    """An exception's message for a one-line warning: its first line, at most 200 characters."""
+    text = str(e).strip()
+    return text.splitlines()[0][:200] if text else ""

@@ -104,8 +104,7 @@ class GraphDecode:
         self.last = torch.arange(self.max_bs, device=device)
         # per key length: every row's slots and key mask, [max_bs · L] flat, so that the first bs rows are
         # one contiguous [bs, L] block. Zeros: every key slot 0 and visible, finite while capturing.
-        self.gathers: dict[int, torch.Tensor] = {}
-        self.biases: dict[int, torch.Tensor] = {}
+        self.key_buffers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self.graphs: dict[tuple[int, int], Replay] = {}
         # every graph's logits land in one buffer (allocated by the first warm-up pass, outside any graph):
         # a graph's own output would otherwise stay allocated, [bs, vocab] for each of dozens of graphs
@@ -146,28 +145,29 @@ class GraphDecode:
             gather[i, :e] = torch.tensor(r.slots[:e])
         hidden = torch.arange(length)[None, :] >= lengths[:, None]  # padding keys (a padding row keeps key 0)
         bias = torch.zeros((bs, length)).masked_fill_(hidden, float("-inf"))
-        self._gather(length)[: bs * length].copy_(gather.view(-1))
-        self._bias(length)[: bs * length].copy_(bias.view(-1))
+        slots, mask = self._key_buffers(length)
+        slots[: bs * length].copy_(gather.view(-1))
+        mask[: bs * length].copy_(bias.view(-1))
 
-    def _gather(self, length: int) -> torch.Tensor:
-        if length not in self.gathers:
-            size = self.max_bs * length
-            self.gathers[length] = torch.zeros(size, dtype=torch.long, device=self.model.device)
-        return self.gathers[length]
-
-    def _bias(self, length: int) -> torch.Tensor:
-        if length not in self.biases:
-            self.biases[length] = torch.zeros(self.max_bs * length, device=self.model.device)
-        return self.biases[length]
+    def _key_buffers(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The slots (int64) and key mask (float32) buffers of a key length."""
+        if length not in self.key_buffers:
+            size, device = self.max_bs * length, self.model.device
+            self.key_buffers[length] = (
+                torch.zeros(size, dtype=torch.long, device=device),
+                torch.zeros(size, device=device),
+            )
+        return self.key_buffers[length]
 
     def _graph(self, bs: int, length: int) -> Replay:
         key = (bs, length)
         if key not in self.graphs:
             began = time.perf_counter()
+            slots, mask = self._key_buffers(length)
             fb = ForwardBatch(
                 self.ids[:bs], self.positions[:bs], self.out_slots[:bs], self.last[:bs],
-                self._gather(length)[: bs * length].view(bs, length),
-                self._bias(length)[: bs * length].view(1, bs, 1, length), (), self.lengths[:bs],
+                slots[: bs * length].view(bs, length), mask[: bs * length].view(1, bs, 1, length), (),
+                self.lengths[:bs],
             )  # fmt: skip
             model, kv_pool = self.model, self.kv_pool
 

@@ -91,10 +91,8 @@ class GraphFlags:
 
     def check(self) -> None:
         """ValueError (what was wrong, what is allowed) for values no device could take."""
-        if self.max_bs is not None:
-            capture_sizes(self.max_bs, no_padding=self.no_padding, given=self.sizes)
-        elif self.sizes is not None:
-            capture_sizes(1, given=self.sizes)
+        if self.max_bs is not None or self.sizes is not None:  # (a given list makes max_bs moot)
+            capture_sizes(1 if self.max_bs is None else self.max_bs, given=self.sizes)
 
     def capture_sizes(self, device_type: str, gpu_memory_mib: float | None) -> list[int] | None:
         """The batch sizes to capture on this device; None: no graphs (off, or not a CUDA device)."""
