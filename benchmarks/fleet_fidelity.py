@@ -3,16 +3,19 @@
 `kvadmit simulate --replicas N --router POLICY` on the same requests (benchmarks/fleet_workload.py).
 
 The simulation gets the HTTP path's time as --request-latency-ms: the median TTFT of a few requests sent
-one at a time to the idle workers through the router, measured first. Per worker: requests served (from
-the workers' --trace-requests), peak queue (the largest #queue-req of
-its log, --decode-log-interval 1), requests retracted (the #retracted_reqs of its log's 'Retract requests'
-lines) and TTFT median (the client's, of that worker's requests). Under
-round_robin the counts must be identical; under cache_aware and power_of_two workers are listed by how many
-requests they served (which one gets most is a draw), and the simulated value is compared with the real
-runs' range. The routers poll loads every second (the tests' setting; sglang-router's default is 30 s).
-A real router's polls fall at an arbitrary point of that second relative to the requests, so power_of_two
-is also simulated with the first poll at each tenth of the interval (the second table): its range over
-those phases against the real runs' range.
+one at a time, 0.5 s apart, to the idle workers through the router, measured first. It is run twice: with
+the nominal cost model ('sim') and with the real workers' own loop times ('sim, measured': the mean decode
+cycle and what a prefill adds to the loop, both from the workers' --trace-steps). Per worker: requests
+served (from the workers' --trace-requests), peak queue (the largest #queue-req of its log,
+--decode-log-interval 1), requests retracted (the #retracted_reqs of its log's 'Retract requests' lines)
+and TTFT median (the client's, of that worker's requests). Under round_robin each real worker is paired
+with the simulated replica that served its requests (the routers deal in an order of their own) and the
+requests must be the same; a third table then compares every request's TTFT with its real ones. Under
+cache_aware and power_of_two workers are listed by how many requests they served (which one gets most is a
+draw), and the simulated value is compared with the real runs' range. The routers poll loads every second
+(the tests' setting; sglang-router's default is 30 s). A real router's polls fall at an arbitrary point of
+that second relative to the requests, so power_of_two is also simulated with the first poll at each tenth
+of the interval (the last table): its range over those phases against the real runs' range.
 Needs the fleet extra (`make test-fleet` installs it).
 
     usage: python benchmarks/fleet_fidelity.py [--workers 2] [--requests 120] [--repeats 3]
@@ -68,14 +71,27 @@ def tail(path: Path, start: int) -> list[str]:
 
 PHASES = 10  # power_of_two simulated with its first load poll at k / PHASES s
 STEPS: list[float] = []  # every real decode cycle (ms), from the workers' --trace-steps
+# the real cycles into and out of a prefill step (ms): decode → prefill, prefill → decode
+AROUND_PREFILL: dict[str, list[float]] = {"into": [], "out of": []}
 
 
-def decode_cycles_ms(lines: list[str]) -> list[float]:
-    """The time from one decode step's end to the next's, where two decode steps follow each other within
-    a second (--trace-steps' t): the step and whatever the server did between two steps, in ms."""
+def cycles_ms(lines: list[str], first: str, then: str) -> list[float]:
+    """The time from the end of a `first` step to the end of the `then` step right after it, where the two
+    follow each other within a second (--trace-steps' t) and requests were still running after the first
+    (a step that ended the last one is followed by idle time, up to 985 ms on 2026-12-03, which raised the
+    mean cycle into a prefill from 0.5 ms to 4-8): the step and whatever the server did between the two,
+    in ms."""
     rows = [json.loads(line) for line in lines]
     return [1000 * (b["t"] - a["t"]) for a, b in itertools.pairwise(rows)
-            if a["kind"] == b["kind"] == "decode" and 0 < b["t"] - a["t"] < 1.0]  # fmt: skip
+            if a["kind"] == first and b["kind"] == then and 0 < b["t"] - a["t"] < 1.0
+            and a["running"] > 0]  # fmt: skip
+
+
+def prefill_ms(decode_ms: float) -> float:
+    """What a prefill step adds to the real serving loop: the cycle into it plus the cycle out of it, less
+    the decode cycle the cycle out of it stands for (the decode step after it, slowed by its result)."""
+    into, out = AROUND_PREFILL["into"], AROUND_PREFILL["out of"]
+    return statistics.mean(into) + statistics.mean(out) - decode_ms if into and out else 0.0
 
 
 def real_run(router: str, policy: str, workers: list, files: list[tuple[Path, Path]], stream, folder: Path):  # type: ignore[no-untyped-def]
@@ -91,10 +107,13 @@ def real_run(router: str, policy: str, workers: list, files: list[tuple[Path, Pa
     for (log, trace), (log_at, trace_at), steps_at in zip(files, marks, step_marks, strict=True):
         served = served_from_trace(tail(trace, trace_at))
         lines = tail(log, log_at)
-        STEPS.extend(decode_cycles_ms(tail(steps_file(log), steps_at)))
+        step_lines = tail(steps_file(log), steps_at)
+        STEPS.extend(cycles_ms(step_lines, "decode", "decode"))
+        AROUND_PREFILL["into"].extend(cycles_ms(step_lines, "decode", "prefill"))
+        AROUND_PREFILL["out of"].extend(cycles_ms(step_lines, "prefill", "decode"))
         mine = [ttfts[i] for i in served]
         median = statistics.median(mine) if mine else 0.0
-        out.append(WorkerResult(served, peak_queue(lines), median, retracted(lines)))
+        out.append(WorkerResult(served, peak_queue(lines), median, retracted(lines), mine))
     return out
 
 
@@ -113,6 +132,21 @@ def ranked(results: list[WorkerResult], by_index: bool) -> list[WorkerResult]:
     return results if by_index else sorted(results, key=lambda w: -len(w.served))
 
 
+def same_worker(run: list[WorkerResult], sim: list[WorkerResult]) -> int:
+    """How many requests worker k of the real run served where simulated replica k did."""
+    return sum(len(set(r.served) & set(w.served)) for r, w in zip(run, sim, strict=True))
+
+
+def aligned(run: list[WorkerResult], sim: list[WorkerResult]) -> list[WorkerResult]:
+    """The real run's workers in the order that puts the most requests where the simulation put them.
+    Under round_robin the routers deal to their workers in turn, but in an order of their own, not
+    --worker-urls' (measured 2026-12-03 with 2 and 3 workers: sglang-router 0.3.2 dealt [1, 0] for both
+    orders of two URLs, and [2, 1, 0] and [2, 0, 1] for two orders of three; smg 1.13.0 [1, 0], [0, 1],
+    [0, 2, 1], [1, 2, 0]), while the simulated router deals 0, 1, 2, …; and a router may take two
+    requests sent a moment apart in the other order, and deal them the other way."""
+    return list(max(itertools.permutations(run), key=lambda order: same_worker(list(order), sim)))
+
+
 def span(values: list[float], fmt: str) -> str:
     lo, hi = min(values), max(values)
     return format(lo, fmt) if lo == hi else f"{format(lo, fmt)}–{format(hi, fmt)}"
@@ -125,7 +159,7 @@ def table_rows(
     """One row per worker: round_robin by worker index, the others by requests served (most first)."""
     by_index = policy == "round_robin"
     nominal, fitted = ranked(nominal, by_index), ranked(fitted, by_index)
-    runs = [ranked(run, by_index) for run in runs]
+    runs = [aligned(run, fitted) if by_index else ranked(run, False) for run in runs]
     out = []
     for k in range(len(nominal)):
         counts = [len(run[k].served) for run in runs]
@@ -137,6 +171,9 @@ def table_rows(
                  (b.ttft_p50_ms, ttft))  # fmt: skip
         inside = [min(v) <= x <= max(v) for x, v in pairs]
         names = ("count", "queue", "retracted", "TTFT")
+        if by_index:  # round_robin: the very requests, not only as many
+            inside[0] = all(run[k].served == b.served for run in runs)  # (run: aligned with `fitted`)
+            names = ("requests", *names[1:])
         verdict = ", ".join(n for n, i in zip(names, inside, strict=True) if i) or "—"
         label = f"DP{k}" if by_index else f"#{k + 1}"
         out.append(
@@ -146,6 +183,30 @@ def table_rows(
             f"{a.ttft_p50_ms:,.0f} / {b.ttft_p50_ms:,.0f} / {span(ttft, ',.0f')} | {verdict} |"
         )
     return out
+
+
+def per_request_row(router: str, runs: list[list[WorkerResult]], fitted: list[WorkerResult]) -> str | None:
+    """round_robin, every request on its own: how many requests each real run served on the worker the
+    simulation put them on; how many of the simulated TTFTs ('sim, measured') fall within that request's
+    real range; and the simulated minus the real mean (median, 10th and 90th percentile over the
+    requests). None when a real run did not record each TTFT (runs saved before they were)."""
+    real: dict[int, list[float]] = {}
+    for run in runs:
+        if any(len(w.ttfts_ms) != len(w.served) for w in run):
+            return None
+        for w in run:
+            for i, t in zip(w.served, w.ttfts_ms, strict=True):
+                real.setdefault(i, []).append(t)
+    placed = ", ".join(str(same_worker(aligned(run, fitted), fitted)) for run in runs)
+    sim = {i: t for w in fitted for i, t in zip(w.served, w.ttfts_ms, strict=True)}
+    inside = sum(min(real[i]) <= sim[i] <= max(real[i]) for i in sim)
+    diffs = sorted(sim[i] - statistics.mean(real[i]) for i in sim)
+    deciles = statistics.quantiles(diffs, n=10)
+    spread = statistics.median(max(v) - min(v) for v in real.values())
+    return (
+        f"| {router} | {len(sim)} | {placed} | {inside} | {statistics.median(diffs):+,.1f} | "
+        f"{deciles[0]:+,.1f} | {deciles[-1]:+,.1f} | {spread:,.1f} |"
+    )
 
 
 METRICS = (("count", lambda w: len(w.served), "d"), ("queue", lambda w: w.peak_queue, "d"),
@@ -176,7 +237,7 @@ def phase_rows(
 def header(
     ns: argparse.Namespace,
     overhead_ms: float,
-    measured: float,
+    measured: tuple[float, float],  # decode cycle, a prefill's added time (ms)
     loads: tuple[float, ...],
     real: dict,  # type: ignore[type-arg]
 ) -> list[str]:
@@ -191,11 +252,13 @@ def header(
         f"workers: {ns.workers} × kvadmit serve --simulate ({ns.decode_ms:g} ms decode steps, "
         f"--max-running-requests {ns.max_running}); routers poll loads every 1 s",
         f"simulated with --request-latency-ms {overhead_ms:.0f}: the median TTFT of 7 requests sent one at a "
-        "time through the router to the idle workers (HTTP, router, server loop on this machine)",
-        f"and with two decode step times: the cost model's {ns.decode_ms:g} ms ('sim'), and "
-        f"{measured:.1f} ms, the mean time between two consecutive decode steps of the real workers "
-        f"({len(STEPS):,} of them, from their --trace-steps: the step and the server's work between steps; "
-        "'sim, measured')",
+        "time, 0.5 s apart, through the router to the idle workers (HTTP, router, server loop on this "
+        "machine; fleet_workload.idle_ttft_ms says why apart)",
+        f"and with two cost models: the nominal one, {ns.decode_ms:g} ms decode steps ('sim'), and the "
+        f"real workers' own ('sim, measured'): {measured[0]:.1f} ms decode steps, the mean time between two "
+        f"consecutive decode steps ({len(STEPS):,} of them, from their --trace-steps: the step and the "
+        f"server's work between steps), and {measured[1]:.2f} ms more a prefill step, the cycles into and "
+        "out of a prefill less a decode cycle (fleet_fidelity.prefill_ms)",
         f"requests: {ns.requests} at {ns.rate:g}/s (Poisson), 4 shared system prompts, "
         f"{ns.max_tokens} tokens each; {ns.repeats} real runs per configuration",
         (
@@ -244,6 +307,7 @@ def measure_real(ns: argparse.Namespace, stream) -> dict:  # type: ignore[no-unt
     load_after = os.getloadavg()[0]
     return {"rows": [[p, r, [[dataclasses.asdict(w) for w in run] for run in runs]] for p, r, runs in rows],
             "overhead_ms": overhead_ms, "steps": len(STEPS), "step_ms": statistics.mean(STEPS),
+            "prefill_ms": prefill_ms(statistics.mean(STEPS)),
             "loads": [load_before, load_after], "commit": source_commit(),
             "date": f"{dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC"}  # fmt: skip
 
@@ -289,21 +353,23 @@ def main() -> None:
         Path(ns.save_real).write_text(json.dumps(real))
     rows = [(p, r, [[WorkerResult(**w) for w in run] for run in runs]) for p, r, runs in real["rows"]]
     overhead_ms, measured = real["overhead_ms"], real["step_ms"]
+    prefill = real.get("prefill_ms", 0.0)  # (runs saved before it was measured: none)
     STEPS[:] = [measured] * real["steps"]  # (the header reports their count)
     load_before, load_after = real["loads"]
     policies, routers = ns.policies.split(","), ns.routers.split(",")
     sims = {}
     for policy in policies:
         for router in routers:
-            for step in (ns.decode_ms, measured):
-                latency = overhead_ms / 1000
-                sims[router, policy, step] = simulated(stream, args, step, policy, ns.workers, 1, latency,
-                                                       impl=impl(router, policy))  # fmt: skip
+            for label, step, extra in (("sim", ns.decode_ms, 0.0), ("measured", measured, prefill)):
+                sims[router, policy, label] = simulated(
+                    stream, args, step, policy, ns.workers, 1, overhead_ms / 1000, impl=impl(router, policy),
+                    prefill_ms=extra,
+                )  # fmt: skip
     phased = {router: [simulated(stream, args, measured, "power_of_two", ns.workers, 1, overhead_ms / 1000,
-                                 k / PHASES, impl(router, "power_of_two")) for k in range(PHASES)]
+                                 k / PHASES, impl(router, "power_of_two"), prefill) for k in range(PHASES)]
               for router in routers} if "power_of_two" in policies else {}  # fmt: skip
     lines = [
-        *header(ns, overhead_ms, measured, (load_before, load_after), real),
+        *header(ns, overhead_ms, (measured, prefill), (load_before, load_after), real),
         "",
         "| policy | router | worker | requests: sim / real | peak queue: sim / sim, measured / real | "
         "retracted: sim / sim, measured / real | TTFT p50 ms: sim / sim, measured / real | "
@@ -311,8 +377,26 @@ def main() -> None:
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for policy, router, runs in rows:
-        nominal, fitted = sims[router, policy, ns.decode_ms], sims[router, policy, measured]
+        nominal, fitted = sims[router, policy, "sim"], sims[router, policy, "measured"]
         lines += table_rows(policy, router, runs, nominal, fitted)
+    per_request = [
+        row
+        for policy, router, runs in rows
+        if policy == "round_robin"
+        if (row := per_request_row(router, runs, sims[router, policy, "measured"])) is not None
+    ]
+    if per_request:
+        lines += [
+            "",
+            "round_robin request by request ('sim, measured'; each request goes to the same worker in every "
+            "run): TTFT, simulated against the real runs",
+            "",
+            "| router | requests | on the simulated worker, each real run | simulated within the request's "
+            "real range | simulated − real mean, ms: median | 10th percentile | 90th percentile | the real "
+            "range's width, median, ms |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+            *per_request,
+        ]
     if phased:
         lines += [
             "",

@@ -12,13 +12,13 @@ import random
 import re
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import httpx
 
 from kvadmit.bench.workload import SimRequest, WorkloadSpec
 from kvadmit.config import ServerArgs
-from kvadmit.costmodel.costmodel import CostModel
+from kvadmit.costmodel.costmodel import CostModel, DecodeCost, PrefillCost
 from kvadmit.fleet.driver import FleetSpec, simulate_fleet
 from kvadmit.fleet.router import RouterSettings
 from kvadmit.sim.replay import Replay
@@ -58,21 +58,24 @@ class WorkerResult:
     peak_queue: int
     ttft_p50_ms: float
     retracted: int  # requests retracted, summed over the worker's retraction log lines
+    ttfts_ms: list[float] = field(default_factory=list)  # each served request's TTFT, in `served` order
 
 
 def simulated(stream: Stream, args: ServerArgs, decode_ms: float, policy: str, workers: int,
               poll_s: int, latency_s: float, first_poll_s: float = 0.0,
-              impl: str = "sglang-router") -> list[WorkerResult]:  # fmt: skip
+              impl: str = "sglang-router", prefill_ms: float = 0.0) -> list[WorkerResult]:  # fmt: skip
     """The stream through `simulate --replicas N --router POLICY --router-impl IMPL`: byte tokens (the
     workers' tokenizer), two warm-up requests (the real run's router check and its warm-up),
-    --request-latency-ms latency_s, the router's first load poll at first_poll_s."""
+    --request-latency-ms latency_s, the router's first load poll at first_poll_s; `prefill_ms`: a
+    prefill step's fixed time (the cost model's prefill base_ms)."""
     reqs = tuple(
         SimRequest(i, len(p.encode()), stream.max_tokens, stream.max_tokens, None, True, 0, tuple(p.encode()))
         for i, p in enumerate(stream.prompts)
     )
     cfg = SimConfig(
         args=args, workload=WorkloadSpec(num_prompts=len(reqs), vocab_size=257),
-        cost=CostModel.simple(decode_step_ms=decode_ms, prefill_tokens_per_s=1e6), warmup_requests=2,
+        cost=CostModel(DecodeCost(base_ms=decode_ms), PrefillCost(base_ms=prefill_ms, tokens_per_s=1e6)),
+        warmup_requests=2,
         request_latency_s=latency_s,
         replay=Replay(reqs, tuple(stream.arrivals), tuple(f"req-{i}" for i in range(len(reqs)))),
     )  # fmt: skip
@@ -87,7 +90,7 @@ def simulated(stream: Stream, args: ServerArgs, decode_ms: float, policy: str, w
         served = [i for i, r in enumerate(result.routed) if r == k]
         ttfts = [1000 * result.sim.outcomes[i].ttft for i in served]
         median = statistics.median(ttfts) if ttfts else 0.0
-        out.append(WorkerResult(served, peak_queue(mine), median, retracted(mine)))
+        out.append(WorkerResult(served, peak_queue(mine), median, retracted(mine), ttfts))
     return out
 
 
@@ -136,14 +139,25 @@ def send_stream(url: str, stream: Stream) -> list[float]:
     return asyncio.run(run())
 
 
-def idle_ttft_ms(url: str, max_tokens: int, n: int = 7) -> float:
-    """The median TTFT of n requests sent one at a time to an idle fleet (prompts no run uses): what the
-    HTTP path through the router and the server adds to a simulated TTFT."""
+def idle_ttft_ms(url: str, max_tokens: int, n: int = 7, gap_s: float = 0.5) -> float:
+    """The median TTFT of n requests sent one at a time, `gap_s` apart, to an idle fleet (prompts no run
+    uses): what the HTTP path through the router and the server adds to a simulated TTFT.
+
+    The gap matters. sglang-router 0.3.2 holds a request sent within about 40 ms of the previous answer for
+    about 40 ms more (measured on 2026-12-03 with 7 probes each, ms: sent back to back 44-56, 10 ms apart
+    45-48 and 30 ms apart 44-48, but 50 ms apart 4-8, 0.1 s and 0.2 s apart 4-7; the same worker
+    without the router 3-5 back to back; smg 1.13.0 4-12 back to back), the delayed-acknowledgement stall of
+    a reused connection. Probes sent back to back measured that stall, 48 ms, and the simulated TTFTs came
+    out about 40 ms high for every lightly loaded request; requests of the stream arrive 0.1 s apart on
+    average."""
 
     async def run() -> list[float]:
+        out: list[float] = []
         async with httpx.AsyncClient(timeout=60) as client:
-            return [await _send(client, url, f"probe {k}: " + "x" * 200, max_tokens, time.monotonic())
-                    for k in range(n)]  # fmt: skip
+            for k in range(n):
+                await asyncio.sleep(gap_s)
+                out.append(await _send(client, url, f"probe {k}: " + "x" * 200, max_tokens, time.monotonic()))
+        return out
 
     return statistics.median(asyncio.run(run()))
 
