@@ -36,6 +36,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -70,6 +71,7 @@ def tail(path: Path, start: int) -> list[str]:
 
 
 PHASES = 10  # power_of_two simulated with its first load poll at k / PHASES s
+FINE_PHASES = 50  # and at k / FINE_PHASES s, to find the phase that routes as a real run did
 STEPS: list[float] = []  # every real decode cycle (ms), from the workers' --trace-steps
 # the real cycles into and out of a prefill step (ms): decode → prefill, prefill → decode
 AROUND_PREFILL: dict[str, list[float]] = {"into": [], "out of": []}
@@ -207,6 +209,36 @@ def per_request_row(router: str, runs: list[list[WorkerResult]], fitted: list[Wo
         f"| {router} | {len(sim)} | {placed} | {inside} | {statistics.median(diffs):+,.1f} | "
         f"{deciles[0]:+,.1f} | {deciles[-1]:+,.1f} | {spread:,.1f} |"
     )
+
+
+def side_by_side(
+    sim: list[WorkerResult], real: list[WorkerResult], value: Callable[[WorkerResult], str]
+) -> str:
+    """Each worker's value, simulated / real: `61 / 61, 59 / 59`."""
+    return ", ".join(f"{value(a)} / {value(b)}" for a, b in zip(sim, real, strict=True))
+
+
+def phase_fit_rows(router: str, runs: list[list[WorkerResult]], fine: list[list[WorkerResult]]) -> list[str]:
+    """power_of_two, each real run: the first-poll phase (of FINE_PHASES) whose simulation put the most
+    requests on the same worker as that run did, how many, how many phases come within 5 of that, and at
+    the best phase each worker's requests, peak queue and TTFT median, simulated / real. (The phase is
+    what is not known of a real router's polls: when its clock started.)"""
+    out = []
+    for j, run in enumerate(runs):
+        scores = [same_worker(aligned(run, sim), sim) for sim in fine]
+        best = max(range(len(fine)), key=lambda k: scores[k])
+        sim = fine[best]
+        real = aligned(run, sim)
+        total = sum(len(w.served) for w in sim)
+        near = sum(x >= scores[best] - 5 for x in scores)
+
+        out.append(
+            f"| {router} | {j + 1} | {best / len(fine):.2f} s | {scores[best]} of {total} | {near} | "
+            f"{side_by_side(sim, real, lambda w: str(len(w.served)))} | "
+            f"{side_by_side(sim, real, lambda w: str(w.peak_queue))} | "
+            f"{side_by_side(sim, real, lambda w: f'{w.ttft_p50_ms:,.0f}')} |"
+        )
+    return out
 
 
 METRICS = (("count", lambda w: len(w.served), "d"), ("queue", lambda w: w.peak_queue, "d"),
@@ -368,6 +400,10 @@ def main() -> None:
     phased = {router: [simulated(stream, args, measured, "power_of_two", ns.workers, 1, overhead_ms / 1000,
                                  k / PHASES, impl(router, "power_of_two"), prefill) for k in range(PHASES)]
               for router in routers} if "power_of_two" in policies else {}  # fmt: skip
+    fine = {router: [simulated(stream, args, measured, "power_of_two", ns.workers, 1, overhead_ms / 1000,
+                               k / FINE_PHASES, impl(router, "power_of_two"), prefill)
+                     for k in range(FINE_PHASES)]
+            for router in routers} if "power_of_two" in policies else {}  # fmt: skip
     lines = [
         *header(ns, overhead_ms, (measured, prefill), (load_before, load_after), real),
         "",
@@ -409,6 +445,19 @@ def main() -> None:
         for policy, router, runs in rows:
             if policy == "power_of_two":
                 lines += phase_rows(policy, router, runs, phased[router])
+        lines += [
+            "",
+            "power_of_two, each real run against the simulation ('sim, measured') with the first load poll "
+            f"at the one of 0, {1 / FINE_PHASES:g}, …, {(FINE_PHASES - 1) / FINE_PHASES:g} s that routes the "
+            "most requests as the run did (workers paired by the requests they served):",
+            "",
+            "| router | real run | first poll | requests on the same worker | phases within 5 of it | "
+            "requests, sim / real | peak queue, sim / real | TTFT p50 ms, sim / real |",
+            "| --- | ---: | ---: | ---: | ---: | --- | --- | --- |",
+        ]
+        for policy, router, runs in rows:
+            if policy == "power_of_two":
+                lines += phase_fit_rows(router, runs, fine[router])
     publish(lines, ns.output)
 
 
