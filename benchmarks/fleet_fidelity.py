@@ -141,11 +141,10 @@ def same_worker(run: list[WorkerResult], sim: list[WorkerResult]) -> int:
 
 def aligned(run: list[WorkerResult], sim: list[WorkerResult]) -> list[WorkerResult]:
     """The real run's workers in the order that puts the most requests where the simulation put them.
-    Under round_robin the routers deal to their workers in turn, but in an order of their own, not
-    --worker-urls' (measured 2026-12-03 with 2 and 3 workers: sglang-router 0.3.2 dealt [1, 0] for both
-    orders of two URLs, and [2, 1, 0] and [2, 0, 1] for two orders of three; smg 1.13.0 [1, 0], [0, 1],
-    [0, 2, 1], [1, 2, 0]), while the simulated router deals 0, 1, 2, …; and a router may take two
-    requests sent a moment apart in the other order, and deal them the other way."""
+    Under round_robin the routers deal to their workers in turn, but in an order of their own that changes
+    from one start of the router to the next, whatever the order of --worker-urls (benchmarks/
+    router_http.txt), while the simulated router deals 0, 1, 2, …; and a router may take two requests
+    sent a moment apart in the other order, and deal them the other way."""
     return list(max(itertools.permutations(run), key=lambda order: same_worker(list(order), sim)))
 
 

@@ -104,7 +104,7 @@ def retracted(lines: list[str]) -> int:
     return sum(int(m.group(1)) for line in lines for m in [RETRACTED.search(line)] if m)
 
 
-async def _send(client: httpx.AsyncClient, url: str, prompt: str, max_tokens: int, at: float) -> float:
+async def send_one(client: httpx.AsyncClient, url: str, prompt: str, max_tokens: int, at: float) -> float:
     """One streamed completion sent at monotonic time `at`; its TTFT in ms."""
     await asyncio.sleep(max(0.0, at - time.monotonic()))
     sent = time.monotonic()
@@ -129,10 +129,10 @@ def send_stream(url: str, stream: Stream) -> list[float]:
 
     async def run() -> list[float]:
         async with httpx.AsyncClient(timeout=120) as client:
-            await _send(client, url, stream.prompts[0], min(stream.max_tokens, 32), time.monotonic())
+            await send_one(client, url, stream.prompts[0], min(stream.max_tokens, 32), time.monotonic())
             await asyncio.sleep(1.0)
             start = time.monotonic()
-            jobs = [_send(client, url, p, stream.max_tokens, start + a)
+            jobs = [send_one(client, url, p, stream.max_tokens, start + a)
                     for p, a in zip(stream.prompts, stream.arrivals, strict=True)]  # fmt: skip
             return list(await asyncio.gather(*jobs))
 
@@ -144,19 +144,19 @@ def idle_ttft_ms(url: str, max_tokens: int, n: int = 7, gap_s: float = 0.5) -> f
     uses): what the HTTP path through the router and the server adds to a simulated TTFT.
 
     The gap matters. sglang-router 0.3.2 holds a request sent within about 40 ms of the previous answer for
-    about 40 ms more (measured on 2026-12-03 with 7 probes each, ms: sent back to back 44-56, 10 ms apart
-    45-48 and 30 ms apart 44-48, but 50 ms apart 4-8, 0.1 s and 0.2 s apart 4-7; the same worker
-    without the router 3-5 back to back; smg 1.13.0 4-12 back to back), the delayed-acknowledgement stall of
-    a reused connection. Probes sent back to back measured that stall, 48 ms, and the simulated TTFTs came
-    out about 40 ms high for every lightly loaded request; requests of the stream arrive 0.1 s apart on
-    average."""
+    about 40 ms more (benchmarks/router_http.txt; smg 1.13.0 and the worker alone do not; by its length
+    and window, a reused connection's delayed-acknowledgement stall, not checked further). Probes sent
+    back to back measured that stall,
+    48 ms, and the simulated TTFTs came out about 40 ms high for every lightly loaded request; requests of
+    the stream arrive 0.1 s apart on average."""
 
     async def run() -> list[float]:
         out: list[float] = []
         async with httpx.AsyncClient(timeout=60) as client:
             for k in range(n):
                 await asyncio.sleep(gap_s)
-                out.append(await _send(client, url, f"probe {k}: " + "x" * 200, max_tokens, time.monotonic()))
+                prompt = f"probe {k}: " + "x" * 200
+                out.append(await send_one(client, url, prompt, max_tokens, time.monotonic()))
         return out
 
     return statistics.median(asyncio.run(run()))
