@@ -186,8 +186,10 @@ def table_rows(
     return out
 
 
-def per_request_row(router: str, runs: list[list[WorkerResult]], fitted: list[WorkerResult]) -> str | None:
-    """round_robin, every request on its own: how many requests each real run served on the worker the
+def per_request_row(
+    policy: str, router: str, runs: list[list[WorkerResult]], fitted: list[WorkerResult]
+) -> str | None:
+    """Every request on its own: how many requests each real run served on the worker the
     simulation put them on; how many of the simulated TTFTs ('sim, measured') fall within that request's
     real range; and the simulated minus the real mean (median, 10th and 90th percentile over the
     requests). None when a real run did not record each TTFT (runs saved before they were)."""
@@ -205,7 +207,7 @@ def per_request_row(router: str, runs: list[list[WorkerResult]], fitted: list[Wo
     deciles = statistics.quantiles(diffs, n=10)
     spread = statistics.median(max(v) - min(v) for v in real.values())
     return (
-        f"| {router} | {len(sim)} | {placed} | {inside} | {statistics.median(diffs):+,.1f} | "
+        f"| {policy} | {router} | {len(sim)} | {placed} | {inside} | {statistics.median(diffs):+,.1f} | "
         f"{deciles[0]:+,.1f} | {deciles[-1]:+,.1f} | {spread:,.1f} |"
     )
 
@@ -417,19 +419,19 @@ def main() -> None:
     per_request = [
         row
         for policy, router, runs in rows
-        if policy == "round_robin"
-        if (row := per_request_row(router, runs, sims[router, policy, "measured"])) is not None
+        if policy in ("round_robin", "cache_aware")
+        if (row := per_request_row(policy, router, runs, sims[router, policy, "measured"])) is not None
     ]
     if per_request:
         lines += [
             "",
-            "round_robin request by request ('sim, measured'; each request goes to the same worker in every "
-            "run): TTFT, simulated against the real runs",
+            "round_robin and cache_aware request by request ('sim, measured'; real workers paired with the "
+            "simulated ones by the requests they served): TTFT, simulated against the real runs",
             "",
-            "| router | requests | on the simulated worker, each real run | simulated within the request's "
-            "real range | simulated − real mean, ms: median | 10th percentile | 90th percentile | the real "
-            "range's width, median, ms |",
-            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+            "| policy | router | requests | on the simulated worker, each real run | simulated within the "
+            "request's real range | simulated − real mean, ms: median | 10th percentile | 90th percentile | "
+            "the real range's width, median, ms |",
+            "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
             *per_request,
         ]
     if phased:
