@@ -10,12 +10,14 @@ served (from the workers' --trace-requests), peak queue (the largest #queue-req 
 --decode-log-interval 1), requests retracted (the #retracted_reqs of its log's 'Retract requests' lines)
 and TTFT median (the client's, of that worker's requests). Under round_robin each real worker is paired
 with the simulated replica that served its requests (the routers deal in an order of their own) and the
-requests must be the same; a third table then compares every request's TTFT with its real ones. Under
-cache_aware and power_of_two workers are listed by how many requests they served (which one gets most is a
-draw), and the simulated value is compared with the real runs' range. The routers poll loads every second
-(the tests' setting; sglang-router's default is 30 s). A real router's polls fall at an arbitrary point of
-that second relative to the requests, so power_of_two is also simulated with the first poll at each tenth
-of the interval (the last table): its range over those phases against the real runs' range.
+requests must be the same. Under cache_aware and power_of_two workers are listed by how many requests they
+served (which one gets most is a draw), and the simulated value is compared with the real runs' range. A
+second table compares every request's TTFT with its real ones under round_robin and cache_aware (workers
+paired by the requests they served). The routers poll loads every second (the tests' setting;
+sglang-router's default is 30 s). A real router's polls fall at an arbitrary point of that second relative
+to the requests, so power_of_two is also simulated with the first poll at each tenth of the interval (the
+third table: its range over those phases against the real runs' range) and at each fiftieth (the last:
+for each real run, the phase that routes its requests as it did).
 Needs the fleet extra (`make test-fleet` installs it).
 
     usage: python benchmarks/fleet_fidelity.py [--workers 2] [--requests 120] [--repeats 3]
@@ -232,7 +234,6 @@ def phase_fit_rows(router: str, runs: list[list[WorkerResult]], fine: list[list[
         real = aligned(run, sim)
         total = sum(len(w.served) for w in sim)
         near = sum(x >= scores[best] - 5 for x in scores)
-
         out.append(
             f"| {router} | {j + 1} | {best / len(fine):.2f} s | {scores[best]} of {total} | {near} | "
             f"{side_by_side(sim, real, lambda w: str(len(w.served)))} | "
@@ -398,13 +399,12 @@ def main() -> None:
                     stream, args, step, policy, ns.workers, 1, overhead_ms / 1000, impl=impl(router, policy),
                     prefill_ms=extra,
                 )  # fmt: skip
-    phased = {router: [simulated(stream, args, measured, "power_of_two", ns.workers, 1, overhead_ms / 1000,
-                                 k / PHASES, impl(router, "power_of_two"), prefill) for k in range(PHASES)]
-              for router in routers} if "power_of_two" in policies else {}  # fmt: skip
     fine = {router: [simulated(stream, args, measured, "power_of_two", ns.workers, 1, overhead_ms / 1000,
                                k / FINE_PHASES, impl(router, "power_of_two"), prefill)
                      for k in range(FINE_PHASES)]
             for router in routers} if "power_of_two" in policies else {}  # fmt: skip
+    # the tenths among the fiftieths (k / 10 and 5k / 50 are the same rational, so the same double)
+    phased = {router: sims[:: FINE_PHASES // PHASES] for router, sims in fine.items()}
     lines = [
         *header(ns, overhead_ms, (measured, prefill), (load_before, load_after), real),
         "",

@@ -139,16 +139,9 @@ def send_stream(url: str, stream: Stream) -> list[float]:
     return asyncio.run(run())
 
 
-def idle_ttft_ms(url: str, max_tokens: int, n: int = 7, gap_s: float = 0.5) -> float:
-    """The median TTFT of n requests sent one at a time, `gap_s` apart, to an idle fleet (prompts no run
-    uses): what the HTTP path through the router and the server adds to a simulated TTFT.
-
-    The gap matters. sglang-router 0.3.2 holds a request sent within about 40 ms of the previous answer for
-    about 40 ms more (benchmarks/router_http.txt; smg 1.13.0 and the worker alone do not; by its length
-    and window, a reused connection's delayed-acknowledgement stall, not checked further). Probes sent
-    back to back measured that stall,
-    48 ms, and the simulated TTFTs came out about 40 ms high for every lightly loaded request; requests of
-    the stream arrive 0.1 s apart on average."""
+def probe_ttfts_ms(url: str, max_tokens: int, n: int = 7, gap_s: float = 0.5) -> list[float]:
+    """The TTFTs of n requests (prompts no run uses) sent one at a time, each `gap_s` after the previous
+    answer (the first `gap_s` after the call)."""
 
     async def run() -> list[float]:
         out: list[float] = []
@@ -159,7 +152,19 @@ def idle_ttft_ms(url: str, max_tokens: int, n: int = 7, gap_s: float = 0.5) -> f
                 out.append(await send_one(client, url, prompt, max_tokens, time.monotonic()))
         return out
 
-    return statistics.median(asyncio.run(run()))
+    return asyncio.run(run())
+
+
+def idle_ttft_ms(url: str, max_tokens: int, n: int = 7, gap_s: float = 0.5) -> float:
+    """The median TTFT of n requests sent one at a time, `gap_s` apart, to an idle fleet: what the HTTP
+    path through the router and the server adds to a simulated TTFT.
+
+    The gap matters. sglang-router 0.3.2 holds a request sent within about 40 ms of the previous answer for
+    about 40 ms more (benchmarks/router_http.txt; smg 1.13.0 and the worker alone do not; by its length
+    and window, a reused connection's delayed-acknowledgement stall, not checked further). Probes sent
+    back to back measured that stall, 48 ms, and the simulated TTFTs came out about 40 ms high for every
+    lightly loaded request; requests of the stream arrive 0.1 s apart on average."""
+    return statistics.median(probe_ttfts_ms(url, max_tokens, n, gap_s))
 
 
 def served_from_trace(new_lines: list[str]) -> list[int]:

@@ -16,7 +16,6 @@ Needs the fleet extra (`make test-fleet` installs it).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import datetime as dt
 import json
 import os
@@ -24,7 +23,6 @@ import platform
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import httpx
@@ -41,7 +39,7 @@ from fleet_helpers import (  # noqa: E402
     wait_worker,
 )
 
-from fleet_workload import send_one  # noqa: E402
+from fleet_workload import probe_ttfts_ms  # noqa: E402
 from machine import cpu_model, publish  # noqa: E402
 
 ROUTERS = ("sglang-router", "smg")
@@ -61,20 +59,6 @@ def dealt(router: str, workers: list[Proc], order: list[Proc], folder: Path, n: 
             moved = [a - b for a, b in zip(requests_counted(workers), before, strict=True)]
             out.append(moved.index(1))
     return out
-
-
-def probes_ms(url: str, gap_s: float, n: int = 7) -> list[float]:
-    """TTFTs of n requests sent one at a time, each `gap_s` after the previous answer."""
-
-    async def run() -> list[float]:
-        out: list[float] = []
-        async with httpx.AsyncClient(timeout=60) as client:
-            for k in range(n):
-                out.append(await send_one(client, url, f"probe {k}: " + "x" * 200, 40, time.monotonic()))
-                await asyncio.sleep(gap_s)
-        return out
-
-    return asyncio.run(run())
 
 
 def span(values: list[float]) -> str:
@@ -127,9 +111,9 @@ def main() -> None:
             wait_worker(w)
         for router in ROUTERS:
             with running_router(router, workers, "round_robin", folder) as r:
-                cells = [span(probes_ms(r.url, gap)) for gap in GAPS_S]
+                cells = [span(probe_ttfts_ms(r.url, 40, gap_s=gap)) for gap in GAPS_S]
             lines.append(f"| through {router} | " + " | ".join(cells) + " |")
-        cells = [span(probes_ms(workers[0].url, gap)) for gap in GAPS_S]
+        cells = [span(probe_ttfts_ms(workers[0].url, 40, gap_s=gap)) for gap in GAPS_S]
         lines.append("| straight to a worker | " + " | ".join(cells) + " |")
     finally:
         for w in workers:
