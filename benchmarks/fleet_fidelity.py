@@ -16,8 +16,10 @@ second table compares every request's TTFT with its real ones under round_robin 
 paired by the requests they served). The routers poll loads every second (the tests' setting;
 sglang-router's default is 30 s). A real router's polls fall at an arbitrary point of that second relative
 to the requests, so power_of_two is also simulated with the first poll at each tenth of the interval (the
-third table: its range over those phases against the real runs' range) and at each fiftieth (the last:
-for each real run, the phase that routes its requests as it did).
+third table: its range over those phases against the real runs' range) and at each fiftieth (the fourth:
+for each real run, the phase that routes its requests as it did). The real runs also record when the
+router's polls reached worker 0 (its access log, watched every millisecond), and the last two tables
+simulate each power_of_two run with its first poll placed where that run's polls fell.
 Needs the fleet extra (`make test-fleet` installs it).
 
     usage: python benchmarks/fleet_fidelity.py [--workers 2] [--requests 120] [--repeats 3]
@@ -49,6 +51,9 @@ sys.path.insert(0, str(HERE.parent / "tests" / "fleet"))
 from fleet_helpers import running_router, start_worker, wait_idle, wait_worker  # noqa: E402
 
 from fleet_workload import (  # noqa: E402
+    POLL_MARKERS,
+    SimulatedRun,
+    Stream,
     WorkerResult,
     idle_ttft_ms,
     make_stream,
@@ -73,6 +78,7 @@ def tail(path: Path, start: int) -> list[str]:
 
 
 PHASES = 10  # power_of_two simulated with its first load poll at k / PHASES s
+POLL_S = 1.0  # the routers' load poll interval here (router_argv: 1 s)
 FINE_PHASES = 50  # and at k / FINE_PHASES s, to find the phase that routes as a real run did
 STEPS: list[float] = []  # every real decode cycle (ms), from the workers' --trace-steps
 # the real cycles into and out of a prefill step (ms): decode → prefill, prefill → decode
@@ -99,13 +105,16 @@ def prefill_ms(decode_ms: float) -> float:
 
 
 def real_run(router: str, policy: str, workers: list, files: list[tuple[Path, Path]], stream, folder: Path):  # type: ignore[no-untyped-def]
+    """One real run: each worker's results, and when the router's load polls reached worker 0 (s after the
+    stream's start)."""
     for w in workers:
         httpx.post(f"{w.url}/flush_cache", timeout=10)
     wait_idle(workers)
     marks = [(log.stat().st_size, trace.stat().st_size) for log, trace in files]
     step_marks = [steps_file(log).stat().st_size for log, _ in files]
     with running_router(router, workers, policy, folder) as r:
-        ttfts = send_stream(r.url, stream)
+        sent = send_stream(r.url, stream, workers[0].log, POLL_MARKERS[router])
+    ttfts = sent.ttfts_ms
     wait_idle(workers)
     out = []
     for (log, trace), (log_at, trace_at), steps_at in zip(files, marks, step_marks, strict=True):
@@ -118,7 +127,7 @@ def real_run(router: str, policy: str, workers: list, files: list[tuple[Path, Pa
         mine = [ttfts[i] for i in served]
         median = statistics.median(mine) if mine else 0.0
         out.append(WorkerResult(served, peak_queue(lines), median, retracted(lines), mine))
-    return out
+    return out, sent.polls_s
 
 
 def source_commit() -> str:
@@ -221,26 +230,105 @@ def side_by_side(
     return ", ".join(f"{value(a)} / {value(b)}" for a, b in zip(sim, real, strict=True))
 
 
+def fit_cells(run: list[WorkerResult], sim: list[WorkerResult]) -> str:
+    """A real run against one simulation (workers paired by the requests they served): requests on the
+    same worker, of how many; then each worker's requests, peak queue and TTFT median, simulated / real."""
+    real = aligned(run, sim)
+    return (
+        f"{same_worker(real, sim)} of {sum(len(w.served) for w in sim)} | "
+        f"{side_by_side(sim, real, lambda w: str(len(w.served)))} | "
+        f"{side_by_side(sim, real, lambda w: str(w.peak_queue))} | "
+        f"{side_by_side(sim, real, lambda w: f'{w.ttft_p50_ms:,.0f}')}"
+    )
+
+
 def phase_fit_rows(router: str, runs: list[list[WorkerResult]], fine: list[list[WorkerResult]]) -> list[str]:
     """power_of_two, each real run: the first-poll phase (of FINE_PHASES) whose simulation put the most
     requests on the same worker as that run did, how many, how many phases come within 5 of that, and at
-    the best phase each worker's requests, peak queue and TTFT median, simulated / real. (The phase is
-    what is not known of a real router's polls: when its clock started.)"""
+    the best phase each worker's requests, peak queue and TTFT median, simulated / real."""
     out = []
     for j, run in enumerate(runs):
         scores = [same_worker(aligned(run, sim), sim) for sim in fine]
         best = max(range(len(fine)), key=lambda k: scores[k])
-        sim = fine[best]
-        real = aligned(run, sim)
-        total = sum(len(w.served) for w in sim)
         near = sum(x >= scores[best] - 5 for x in scores)
         out.append(
-            f"| {router} | {j + 1} | {best / len(fine):.2f} s | {scores[best]} of {total} | {near} | "
-            f"{side_by_side(sim, real, lambda w: str(len(w.served)))} | "
-            f"{side_by_side(sim, real, lambda w: str(w.peak_queue))} | "
-            f"{side_by_side(sim, real, lambda w: f'{w.ttft_p50_ms:,.0f}')} |"
+            f"| {router} | {j + 1} | {best / len(fine):.2f} s | {fit_cells(run, fine[best])} | {near} |"
         )
     return out
+
+
+def measured_phase_lines(
+    stream: Stream, args: ServerArgs, ns: argparse.Namespace, overhead_ms: float,
+    measured: tuple[float, float],  # decode cycle, a prefill's added time (ms)
+    rows: list[tuple[str, str, list[list[WorkerResult]]]], polls: dict[tuple[str, str], list[list[float]]],
+) -> list[str]:  # fmt: skip
+    """power_of_two with each real run's own poll phase (measure_real watches worker 0's access log for
+    the router's polls): each run against its simulation ('sim, measured'), then the simulations' range
+    against the real runs' range."""
+
+    def sim(router: str, first_poll_s: float) -> SimulatedRun:
+        return simulated(stream, args, measured[0], "power_of_two", ns.workers, 1, overhead_ms / 1000,
+                         first_poll_s, impl(router, "power_of_two"), measured[1])  # fmt: skip
+
+    fits, ranges = [], []
+    for policy, router, runs in rows:
+        if policy != "power_of_two" or (policy, router) not in polls:
+            continue
+        start = sim(router, 0.0).start_s  # (the warm-ups take as long whatever the phase: checked below)
+        sims = []
+        for j, (run, seen) in enumerate(zip(runs, polls[policy, router], strict=True)):
+            phase = measured_phase(seen, start)
+            if phase is None:
+                fits.append(
+                    f"| {router} | {j + 1} | {spacing_ms(seen)} | no poll seen before the start | |||"
+                )
+                continue
+            got = sim(router, phase)
+            assert abs(got.start_s - start) < 1e-9, (got.start_s, start)
+            sims.append(got.workers)
+            fits.append(
+                f"| {router} | {j + 1} | {spacing_ms(seen)} | {phase:.3f} s | {fit_cells(run, got.workers)} |"
+            )
+        if sims:
+            ranges += phase_rows(policy, router, runs, sims)
+    if not fits:
+        return []
+    return [
+        "",
+        "power_of_two at each real run's own poll phase: the router's polls as worker 0's access log showed "
+        "them, and the simulation ('sim, measured') with its first poll placed as the run's last poll before "
+        "the stream's start (workers paired by the requests they served):",
+        "",
+        "| router | real run | real polls' spacing, ms: mean (range) | first poll | requests on the same "
+        "worker | requests, sim / real | peak queue, sim / real | TTFT p50 ms, sim / real |",
+        "| --- | ---: | --- | ---: | ---: | --- | --- | --- |",
+        *fits,
+        "",
+        "power_of_two, the simulations at the real runs' own phases: their range / the real range (how many "
+        "of them fall inside it):",
+        "",
+        "| policy | router | worker | requests | peak queue | retracted | TTFT p50 ms | ranges overlap |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        *ranges,
+    ]
+
+
+def measured_phase(polls_s: list[float], start_s: float, interval_s: float = POLL_S) -> float | None:
+    """The simulated router's first load poll that puts its polls where the real router's were relative to
+    the stream's start: the last real poll before that start (seen while the workers idled, so within about
+    a millisecond of when it was sent), moved to the simulated stream's start. None if none was seen."""
+    before = [q for q in polls_s if q <= 0.0]
+    return (start_s + max(before)) % interval_s if before else None
+
+
+def spacing_ms(polls_s: list[float]) -> str:
+    """The real polls' mean spacing, first to last, ms (one poll logged late, at a busy worker, moves the gaps
+    next to it, not this), and the smallest and largest gap."""
+    if len(polls_s) < 2:
+        return "—"
+    gaps = [1000 * (b - a) for a, b in itertools.pairwise(polls_s)]
+    mean = 1000 * (polls_s[-1] - polls_s[0]) / (len(polls_s) - 1)
+    return f"{mean:,.1f} ({min(gaps):,.0f}–{max(gaps):,.0f})"
 
 
 METRICS = (("count", lambda w: len(w.served), "d"), ("queue", lambda w: w.peak_queue, "d"),
@@ -332,14 +420,16 @@ def measure_real(ns: argparse.Namespace, stream) -> dict:  # type: ignore[no-unt
         wait_idle(workers)
         for policy in ns.policies.split(","):
             for router in ns.routers.split(","):
-                runs = [real_run(router, policy, workers, files, stream, folder) for _ in range(ns.repeats)]
-                rows.append((policy, router, runs))
+                done = [real_run(router, policy, workers, files, stream, folder) for _ in range(ns.repeats)]
+                runs, polls = [run for run, _ in done], [seen for _, seen in done]
+                rows.append((policy, router, runs, polls))
                 print(f"{router} {policy}: {[[len(w.served) for w in run] for run in runs]}", file=sys.stderr)
     finally:
         for w in workers:
             w.stop()
     load_after = os.getloadavg()[0]
-    return {"rows": [[p, r, [[dataclasses.asdict(w) for w in run] for run in runs]] for p, r, runs in rows],
+    return {"rows": [[p, r, [[dataclasses.asdict(w) for w in run] for run in runs], polls]
+                     for p, r, runs, polls in rows],
             "overhead_ms": overhead_ms, "steps": len(STEPS), "step_ms": statistics.mean(STEPS),
             "prefill_ms": prefill_ms(statistics.mean(STEPS)),
             "loads": [load_before, load_after], "commit": source_commit(),
@@ -385,7 +475,7 @@ def main() -> None:
     else:
         real = measure_real(ns, stream)
         Path(ns.save_real).write_text(json.dumps(real))
-    rows = [(p, r, [[WorkerResult(**w) for w in run] for run in runs]) for p, r, runs in real["rows"]]
+    rows = [(row[0], row[1], [[WorkerResult(**w) for w in run] for run in row[2]]) for row in real["rows"]]
     overhead_ms, measured = real["overhead_ms"], real["step_ms"]
     prefill = real.get("prefill_ms", 0.0)  # (runs saved before it was measured: none)
     STEPS[:] = [measured] * real["steps"]  # (the header reports their count)
@@ -398,9 +488,9 @@ def main() -> None:
                 sims[router, policy, label] = simulated(
                     stream, args, step, policy, ns.workers, 1, overhead_ms / 1000, impl=impl(router, policy),
                     prefill_ms=extra,
-                )  # fmt: skip
+                ).workers  # fmt: skip
     fine = {router: [simulated(stream, args, measured, "power_of_two", ns.workers, 1, overhead_ms / 1000,
-                               k / FINE_PHASES, impl(router, "power_of_two"), prefill)
+                               k / FINE_PHASES, impl(router, "power_of_two"), prefill).workers
                      for k in range(FINE_PHASES)]
             for router in routers} if "power_of_two" in policies else {}  # fmt: skip
     # the tenths among the fiftieths (k / 10 and 5k / 50 are the same rational, so the same double)
@@ -452,13 +542,15 @@ def main() -> None:
             f"at the one of 0, {1 / FINE_PHASES:g}, …, {(FINE_PHASES - 1) / FINE_PHASES:g} s that routes the "
             "most requests as the run did (workers paired by the requests they served):",
             "",
-            "| router | real run | first poll | requests on the same worker | phases within 5 of it | "
-            "requests, sim / real | peak queue, sim / real | TTFT p50 ms, sim / real |",
-            "| --- | ---: | ---: | ---: | ---: | --- | --- | --- |",
+            "| router | real run | first poll | requests on the same worker | requests, sim / real | "
+            "peak queue, sim / real | TTFT p50 ms, sim / real | phases within 5 of it |",
+            "| --- | ---: | ---: | ---: | --- | --- | --- | ---: |",
         ]
         for policy, router, runs in rows:
             if policy == "power_of_two":
                 lines += phase_fit_rows(router, runs, fine[router])
+    polls = {(row[0], row[1]): row[3] for row in real["rows"] if len(row) > 3}  # (saved before: none)
+    lines += measured_phase_lines(stream, args, ns, overhead_ms, (measured, prefill), rows, polls)
     publish(lines, ns.output)
 
 

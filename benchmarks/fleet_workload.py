@@ -13,6 +13,7 @@ import re
 import statistics
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import httpx
 
@@ -61,9 +62,15 @@ class WorkerResult:
     ttfts_ms: list[float] = field(default_factory=list)  # each served request's TTFT, in `served` order
 
 
+@dataclass
+class SimulatedRun:
+    workers: list[WorkerResult]
+    start_s: float  # the stream's start on the simulated clock (0: the router's start, its first warm-up)
+
+
 def simulated(stream: Stream, args: ServerArgs, decode_ms: float, policy: str, workers: int,
               poll_s: int, latency_s: float, first_poll_s: float = 0.0,
-              impl: str = "sglang-router", prefill_ms: float = 0.0) -> list[WorkerResult]:  # fmt: skip
+              impl: str = "sglang-router", prefill_ms: float = 0.0) -> SimulatedRun:  # fmt: skip
     """The stream through `simulate --replicas N --router POLICY --router-impl IMPL`: byte tokens (the
     workers' tokenizer), two warm-up requests (the real run's router check and its warm-up),
     --request-latency-ms latency_s, the router's first load poll at first_poll_s; `prefill_ms`: a
@@ -91,7 +98,8 @@ def simulated(stream: Stream, args: ServerArgs, decode_ms: float, policy: str, w
         ttfts = [1000 * result.sim.outcomes[i].ttft for i in served]
         median = statistics.median(ttfts) if ttfts else 0.0
         out.append(WorkerResult(served, peak_queue(mine), median, retracted(mine), ttfts))
-    return out
+    # (the first request is sent at the stream's start plus its arrival offset)
+    return SimulatedRun(out, result.sim.outcomes[0].start_time - stream.arrivals[0])
 
 
 def peak_queue(lines: list[str]) -> int:
@@ -123,18 +131,53 @@ async def send_one(client: httpx.AsyncClient, url: str, prompt: str, max_tokens:
     return 1000 * ((first or time.monotonic()) - sent)
 
 
-def send_stream(url: str, stream: Stream) -> list[float]:
-    """The stream through the router in real time (the first prompt first as a warm-up, as bench_serving
-    does); each request's TTFT in ms."""
+@dataclass
+class StreamRun:
+    ttfts_ms: list[float]  # each request's, in stream order
+    polls_s: list[
+        float
+    ]  # when the router's load polls reached the watched worker, s after the stream's start
 
-    async def run() -> list[float]:
+
+# How a router's load poll shows in a worker's access log (uvicorn's, written once the answer is sent)
+POLL_MARKERS = {"sglang-router": b'"GET /get_load ', "smg": b'"GET /v1/loads'}
+
+
+async def watch_polls(log: Path, marker: bytes, seen: list[float], stop: asyncio.Event) -> None:
+    """Append to `seen` the monotonic time at which each new line of `log` holding `marker` appears, read
+    every millisecond (an idle worker answers a poll within about a millisecond; a busy one after its
+    current step, up to a step later)."""
+    with log.open("rb") as f:
+        f.seek(0, 2)
+        pending = b""
+        while not stop.is_set():
+            chunk = f.read()
+            if chunk:
+                now = time.monotonic()
+                *lines, pending = (pending + chunk).split(b"\n")
+                seen.extend(now for line in lines if marker in line)
+            await asyncio.sleep(0.001)
+
+
+def send_stream(url: str, stream: Stream, poll_log: Path | None = None, marker: bytes = b"") -> StreamRun:
+    """The stream through the router in real time (the first prompt first as a warm-up, as bench_serving
+    does); each request's TTFT, and the router's polls as `poll_log` (a worker's output) shows them."""
+
+    async def run() -> StreamRun:
+        seen: list[float] = []
+        stop = asyncio.Event()
+        watcher = asyncio.create_task(watch_polls(poll_log, marker, seen, stop)) if poll_log else None
         async with httpx.AsyncClient(timeout=120) as client:
             await send_one(client, url, stream.prompts[0], min(stream.max_tokens, 32), time.monotonic())
             await asyncio.sleep(1.0)
             start = time.monotonic()
             jobs = [send_one(client, url, p, stream.max_tokens, start + a)
                     for p, a in zip(stream.prompts, stream.arrivals, strict=True)]  # fmt: skip
-            return list(await asyncio.gather(*jobs))
+            ttfts = list(await asyncio.gather(*jobs))
+        stop.set()
+        if watcher is not None:
+            await watcher
+        return StreamRun(ttfts, [t - start for t in seen])
 
     return asyncio.run(run())
 
