@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvadmit.memory.pool import OutOfSlots, ReqSlotPool, TokenPool
-from kvadmit.memory.radix import NoPrefixCache, RadixCache, RadixNode
+from kvadmit.memory.pool import OutOfSlots, ReqSlotPool, TokenPool, new_slots
+from kvadmit.memory.radix import NoPrefixCache, RadixCache, RadixNode, _common_len
 from kvadmit.request import Req
 
 
@@ -198,3 +198,22 @@ def test_the_split_is_at_the_page_aligned_end_of_the_prompt() -> None:
     cache.release_req(req)
     assert cache.evict(1) == 4 and cache.evictable_size() == 4
     assert len(cache.match_prefix([1, 2, 3, 4, 5, 6]).value) == 4
+
+
+@pytest.mark.parametrize("page", [1, 4])
+def test_a_key_compared_with_itself_matches_whole_pages(page: int) -> None:
+    # _common_len's shortcut for a node that keeps the very list it is compared with (a finished
+    # request's prompt inserted again) must give what comparing a copy token by token gives.
+    key = list(range(100, 111))  # 11 tokens
+    for end in (0, 3, 4, 8, 11):
+        for node_key in (key, key[:5]):
+            assert _common_len(node_key, key, 0, end, page) == _common_len(list(node_key), key, 0, end, page)
+    assert _common_len(key, key, 0, 11, 4) == 8 and _common_len(key, key, 0, 11, 1) == 11
+    assert _common_len(key, key, 2, 11, 1) == 0  # the same list, but compared from another position
+
+
+def test_each_empty_slot_array_is_a_new_one() -> None:
+    a, b = new_slots(), new_slots()
+    a.append(7)
+    assert a is not b and list(b) == [] and b.typecode == "I" and list(new_slots()) == []
+    assert list(new_slots([3, 4])) == [3, 4]

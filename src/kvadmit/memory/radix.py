@@ -62,6 +62,8 @@ class MatchResult(NamedTuple):
 def _common_len(node_key: list[int], key: list[int], pos: int, end: int, page: int) -> int:
     """Length of the common prefix of node_key and key[pos:end], rounded down to a whole page."""
     n = min(len(node_key), end - pos)
+    if node_key is key and pos == 0:  # the node keeps this very list (a prompt inserted again at its finish)
+        return n - n % page
     part = key[pos : pos + n]  # one copy, compared at C speed (an equal prefix is the common case)
     if (node_key if len(node_key) == n else node_key[:n]) == part:
         return n - n % page

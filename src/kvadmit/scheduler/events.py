@@ -11,7 +11,7 @@ from typing import Final
 _set_field: Final = object.__setattr__
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class PrefillBatchStats:
     """One prefill batch, emitted when its result has been processed (SGLang's report_prefill_stats)."""
 
@@ -29,8 +29,10 @@ class PrefillBatchStats:
     reprocessed_input_tokens: int = 0  # of input_tokens_for_rate, those of retracted requests (recomputed)
 
     # Written out (the fields, in order, with their defaults; tests/test_native_inits.py checks): the
-    # compiled core builds it natively, where dataclass's generated __init__ is interpreted Python.
-    # (Frozen: fields are set as dataclass's own __init__ sets them, through object.__setattr__.)
+    # compiled core builds it natively, where dataclass's generated __init__ is interpreted Python. Not
+    # frozen, unlike the other events: two are built for every prefill step, and a frozen class's fields
+    # can only be set through object.__setattr__ (about 900 instructions each in the compiled core, 11,000
+    # for the object, against a few for a plain field). Nothing changes one once built.
     def __init__(
         self,
         new_seq: int,
@@ -46,18 +48,18 @@ class PrefillBatchStats:
         input_tokens_for_rate: int,
         reprocessed_input_tokens: int = 0,
     ) -> None:
-        _set_field(self, "new_seq", new_seq)
-        _set_field(self, "new_token", new_token)
-        _set_field(self, "cached_token", cached_token)
-        _set_field(self, "num_used_tokens", num_used_tokens)
-        _set_field(self, "token_usage", token_usage)
-        _set_field(self, "running_req", running_req)
-        _set_field(self, "queue_req", queue_req)
-        _set_field(self, "pending_token", pending_token)
-        _set_field(self, "new_token_ratio", new_token_ratio)
-        _set_field(self, "hit_tokens_for_rate", hit_tokens_for_rate)
-        _set_field(self, "input_tokens_for_rate", input_tokens_for_rate)
-        _set_field(self, "reprocessed_input_tokens", reprocessed_input_tokens)
+        self.new_seq = new_seq
+        self.new_token = new_token
+        self.cached_token = cached_token
+        self.num_used_tokens = num_used_tokens
+        self.token_usage = token_usage
+        self.running_req = running_req
+        self.queue_req = queue_req
+        self.pending_token = pending_token
+        self.new_token_ratio = new_token_ratio
+        self.hit_tokens_for_rate = hit_tokens_for_rate
+        self.input_tokens_for_rate = input_tokens_for_rate
+        self.reprocessed_input_tokens = reprocessed_input_tokens
 
     def at_report(self, queue_req: int, num_used_tokens: int, token_usage: float) -> PrefillBatchStats:
         """The same stats with the queue and the pool as they are when the line is printed: SGLang reads
