@@ -78,6 +78,7 @@ def tail(path: Path, start: int) -> list[str]:
 
 
 PHASES = 10  # power_of_two simulated with its first load poll at k / PHASES s
+NEAR_MS = (-20, -10, 10, 20)  # the measured phase moved by these, to show how much it decides
 POLL_S = 1.0  # the routers' load poll interval here (router_argv: 1 s)
 FINE_PHASES = 50  # and at k / FINE_PHASES s, to find the phase that routes as a real run did
 STEPS: list[float] = []  # every real decode cycle (ms), from the workers' --trace-steps
@@ -280,15 +281,17 @@ def measured_phase_lines(
             phase = measured_phase(seen, start)
             if phase is None:
                 fits.append(
-                    f"| {router} | {j + 1} | {spacing_ms(seen)} | no poll seen before the start | |||"
+                    f"| {router} | {j + 1} | {spacing_ms(seen)} | no poll seen before the start | ||||"
                 )
                 continue
             got = sim(router, phase)
             assert abs(got.start_s - start) < 1e-9, (got.start_s, start)
             sims.append(got.workers)
-            fits.append(
-                f"| {router} | {j + 1} | {spacing_ms(seen)} | {phase:.3f} s | {fit_cells(run, got.workers)} |"
-            )
+            # how sensitive the run is to its phase: the same count with the first poll moved by a few ms
+            near = [sim(router, (phase + d / 1000) % POLL_S).workers for d in NEAR_MS]
+            nearby = ", ".join(str(same_worker(aligned(run, w), w)) for w in near)
+            cells = fit_cells(run, got.workers)
+            fits.append(f"| {router} | {j + 1} | {spacing_ms(seen)} | {phase:.3f} s | {cells} | {nearby} |")
         if sims:
             ranges += phase_rows(policy, router, runs, sims)
     if not fits:
@@ -300,8 +303,9 @@ def measured_phase_lines(
         "the stream's start (workers paired by the requests they served):",
         "",
         "| router | real run | real polls' spacing, ms: mean (range) | first poll | requests on the same "
-        "worker | requests, sim / real | peak queue, sim / real | TTFT p50 ms, sim / real |",
-        "| --- | ---: | --- | ---: | ---: | --- | --- | --- |",
+        "worker | requests, sim / real | peak queue, sim / real | TTFT p50 ms, sim / real | requests on the "
+        f"same worker with the first poll moved by {', '.join(f'{d:+d}' for d in NEAR_MS)} ms |",
+        "| --- | ---: | --- | ---: | ---: | --- | --- | --- | --- |",
         *fits,
         "",
         "power_of_two, the simulations at the real runs' own phases: their range / the real range (how many "
