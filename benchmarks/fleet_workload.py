@@ -134,9 +134,8 @@ async def send_one(client: httpx.AsyncClient, url: str, prompt: str, max_tokens:
 @dataclass
 class StreamRun:
     ttfts_ms: list[float]  # each request's, in stream order
-    polls_s: list[
-        float
-    ]  # when the router's load polls reached the watched worker, s after the stream's start
+    # when the router's load polls reached the watched worker, in seconds after the stream's start
+    polls_s: list[float]
 
 
 # How a router's load poll shows in a worker's access log (uvicorn's, written once the answer is sent)
