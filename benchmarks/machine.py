@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import platform
+from pathlib import Path
 
 
 def cpu_model() -> str:
@@ -36,10 +37,12 @@ def cpu_features() -> str:
     return vector + (", AMX" if "amx_tile" in flags else ", no AMX")
 
 
-def publish(lines: list[str], output: str) -> None:
-    """Print a benchmark's report and, unless output is "-", write it to that file too."""
+def publish(lines: list[str], output: str, keep_earlier: bool = False) -> None:
+    """Print a benchmark's report and, unless output is "-", write it to that file too; `keep_earlier`:
+    above what the file held (the earlier runs stay below the new one), rather than in its place."""
     text = "\n".join(lines) + "\n"
     print(text, end="")
     if output != "-":
+        earlier = Path(output).read_text(encoding="utf-8") if keep_earlier and Path(output).exists() else ""
         with open(output, "w", encoding="utf-8") as f:
-            f.write(text)
+            f.write(text + ("\n" + earlier if earlier else ""))
