@@ -82,7 +82,9 @@ def main() -> None:
         raise SystemExit("fleet_step_cost.py needs valgrind (apt install valgrind)")
     rev = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
                          text=True, check=True).stdout.strip()  # fmt: skip
-    trees = [(f"this checkout ({rev})", ROOT / "src")]
+    dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", "src"],
+                           capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    trees = [(f"this checkout ({rev}{' with uncommitted changes' if dirty else ''})", ROOT / "src")]
     scratch = Path(tempfile.mkdtemp(prefix="fleet-step-cost-"))
     try:
         if ns.base:

@@ -249,6 +249,8 @@ class RunningBatch:
         """Indices (ascending) of the live requests that have as many outputs as max_new_tokens allows:
         those whose due step has come (usually none)."""
         due = self._due
+        if not due or due[0][0] > self._steps:
+            return []  # the usual step, without the sort below (a call of the builtin: most of its cost)
         found: list[int] = []
         while due and due[0][0] <= self._steps:
             req = heapq.heappop(due)[2]
