@@ -258,6 +258,16 @@ def phase_fit_rows(router: str, runs: list[list[WorkerResult]], fine: list[list[
     return out
 
 
+def power_of_two_sim(
+    stream: Stream, args: ServerArgs, ns: argparse.Namespace, overhead_ms: float,
+    measured: tuple[float, float], router: str, first_poll_s: float,
+) -> SimulatedRun:  # fmt: skip
+    """'sim, measured' (the real decode cycle, a prefill's added time) under power_of_two, behind `router`'s
+    rules, with the first load poll at first_poll_s."""
+    return simulated(stream, args, measured[0], "power_of_two", ns.workers, 1, overhead_ms / 1000,
+                     first_poll_s, impl(router, "power_of_two"), measured[1])  # fmt: skip
+
+
 def measured_phase_lines(
     stream: Stream, args: ServerArgs, ns: argparse.Namespace, overhead_ms: float,
     measured: tuple[float, float],  # decode cycle, a prefill's added time (ms)
@@ -268,8 +278,7 @@ def measured_phase_lines(
     against the real runs' range."""
 
     def sim(router: str, first_poll_s: float) -> SimulatedRun:
-        return simulated(stream, args, measured[0], "power_of_two", ns.workers, 1, overhead_ms / 1000,
-                         first_poll_s, impl(router, "power_of_two"), measured[1])  # fmt: skip
+        return power_of_two_sim(stream, args, ns, overhead_ms, measured, router, first_poll_s)
 
     fits, ranges = [], []
     for policy, router, runs in rows:
@@ -493,9 +502,8 @@ def main() -> None:
                     stream, args, step, policy, ns.workers, 1, overhead_ms / 1000, impl=impl(router, policy),
                     prefill_ms=extra,
                 ).workers  # fmt: skip
-    fine = {router: [simulated(stream, args, measured, "power_of_two", ns.workers, 1, overhead_ms / 1000,
-                               k / FINE_PHASES, impl(router, "power_of_two"), prefill).workers
-                     for k in range(FINE_PHASES)]
+    fine = {router: [power_of_two_sim(stream, args, ns, overhead_ms, (measured, prefill), router,
+                                      k / FINE_PHASES).workers for k in range(FINE_PHASES)]
             for router in routers} if "power_of_two" in policies else {}  # fmt: skip
     # the tenths among the fiftieths (k / 10 and 5k / 50 are the same rational, so the same double)
     phased = {router: sims[:: FINE_PHASES // PHASES] for router, sims in fine.items()}
