@@ -170,9 +170,11 @@ class _Broken:
 
 class _Stuck:
     def __init__(self) -> None:
+        self.entered = threading.Event()
         self.release = threading.Event()
 
     def run(self, batch: object) -> object:
+        self.entered.set()
         self.release.wait(30)
         raise RuntimeError("released")
 
@@ -195,6 +197,9 @@ def test_health_503_when_no_progress_while_work_is_pending(cost: str) -> None:
         s.runner.engine.executor = stuck
         t = threading.Thread(target=lambda: post(s, "/v1/completions", {"prompt": "hi", "max_tokens": 2}))
         t.start()
+        # Time the stall from the moment a step is stuck, not from the post: on a loaded machine
+        # the request can take longer than the watchdog timeout to reach the engine.
+        assert stuck.entered.wait(10)
         time.sleep(0.8)
         h = httpx.get(f"{s.url}/health", timeout=10)
         assert h.status_code == 503 and "no step completed" in h.text
