@@ -40,6 +40,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -64,6 +65,7 @@ from fleet_workload import (  # noqa: E402
     simulated,
 )
 from kvadmit.config import ServerArgs  # noqa: E402
+from kvadmit.observe.load_snapshot import GEN_THROUGHPUT_STALE_S  # noqa: E402
 from machine import cpu_model, publish  # noqa: E402
 
 
@@ -81,6 +83,12 @@ PHASES = 10  # power_of_two simulated with its first load poll at k / PHASES s
 NEAR_MS = (-20, -10, 10, 20)  # the measured phase moved by these, to show how much it decides
 POLL_S = 1.0  # the routers' load poll interval here (router_argv: 1 s)
 FINE_PHASES = 50  # and at k / FINE_PHASES s, to find the phase that routes as a real run did
+# smg's power_of_two divides each worker's queued work by its /v1/loads gen_throughput, and an idle SGLang
+# worker can keep its last decode window there for up to 30 s (a prefill into an empty batch restores it and
+# the idle pass leaves it; docs/simulate.md, "smg 1.13 and the decode window"). A run that starts within
+# that time of the previous one inherits it; the simulation starts with 0 everywhere. So each smg
+# power_of_two run starts after the workers idled past the 30 s, when every worker reports 0 again.
+CLEAN_THROUGHPUT_S = GEN_THROUGHPUT_STALE_S + 1.0
 STEPS: list[float] = []  # every real decode cycle (ms), from the workers' --trace-steps
 # the real cycles into and out of a prefill step (ms): decode → prefill, prefill → decode
 AROUND_PREFILL: dict[str, list[float]] = {"into": [], "out of": []}
@@ -111,6 +119,8 @@ def real_run(router: str, policy: str, workers: list, files: list[tuple[Path, Pa
     for w in workers:
         httpx.post(f"{w.url}/flush_cache", timeout=10)
     wait_idle(workers)
+    if router == "smg" and policy == "power_of_two":
+        time.sleep(CLEAN_THROUGHPUT_S)
     marks = [(log.stat().st_size, trace.stat().st_size) for log, trace in files]
     step_marks = [steps_file(log).stat().st_size for log, _ in files]
     with running_router(router, workers, policy, folder) as r:
@@ -369,6 +379,18 @@ def phase_rows(
     return out
 
 
+def clean_start(real: dict) -> str:  # type: ignore[type-arg]
+    """How the real smg power_of_two runs started (runs saved before CLEAN_THROUGHPUT_S: right after the
+    previous run)."""
+    idle = real.get("smg_power_of_two_idle_s")
+    if idle is None:
+        return "; each real run started right after the previous one"
+    return (
+        f"; each real smg power_of_two run started after the workers idled {idle:g} s, so that every "
+        "worker's gen_throughput was 0 at its start, as in the simulation (CLEAN_THROUGHPUT_S says why)"
+    )
+
+
 def header(
     ns: argparse.Namespace,
     overhead_ms: float,
@@ -399,6 +421,7 @@ def header(
         (
             "smg's power_of_two simulated with --router-impl smg (its expected wait over /v1/loads, polled "
             "every 1 s: --load-monitor-interval 1), the other rows with sglang-router 0.3.2's rules"
+            + clean_start(real)
             if ns.smg_power_of_two_as == "smg"
             else "every row simulated with sglang-router 0.3.2's rules (smg's power_of_two too)"
         ),
@@ -446,6 +469,7 @@ def measure_real(ns: argparse.Namespace, stream) -> dict:  # type: ignore[no-unt
             "overhead_ms": overhead_ms, "steps": len(STEPS), "step_ms": statistics.mean(STEPS),
             "prefill_ms": prefill_ms(statistics.mean(STEPS)),
             "loads": [load_before, load_after], "commit": source_commit(),
+            "smg_power_of_two_idle_s": CLEAN_THROUGHPUT_S,
             "date": f"{dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC"}  # fmt: skip
 
 
