@@ -11,6 +11,7 @@ from kvadmit.doctor.fleet import LIGHT, QUEUEING, SILENT, ReplicaVerdict
 from kvadmit.doctor.fleet_read import ReplicaNumbers
 from kvadmit.doctor.fleet_rules import (
     FLEET_HEALTHY,
+    FLEET_HELD_BACK,
     FLEET_IMBALANCE,
     FLEET_OTHER,
     FLEET_OVERLOADED,
@@ -22,16 +23,16 @@ from kvadmit.doctor.fleet_rules import (
     cause_of,
     fleet_finding,
 )
-from kvadmit.doctor.model import Diagnosis, Finding
+from kvadmit.doctor.model import IDLE_POOL, Diagnosis, Finding
 from kvadmit.doctor.timeline import Timeline
 
 
-def replica(name: str, state: str, requests: int, new: int = 100, cached: int = 0,
-            prefill: bool = True) -> ReplicaVerdict:  # fmt: skip
+def replica(name: str, state: str, requests: int, new: int = 100, cached: int = 0, prefill: bool = True,
+            verdict: str = "healthy-queue", advice: str = "") -> ReplicaVerdict:  # fmt: skip
     lines = 0 if state == SILENT else 5
     n = ReplicaNumbers(admissions=requests, new_tokens=new, cached_tokens=cached, batch_lines=lines,
                        prefill_lines=int(prefill and lines > 0))  # fmt: skip
-    d = Diagnosis([Finding("healthy-queue", "healthy-queue", 8, "t")], [], Timeline())
+    d = Diagnosis([Finding(verdict, verdict, 8, "t", advice=[advice] if advice else [])], [], Timeline())
     return ReplicaVerdict(name, d, n, 0, 0, state)
 
 
@@ -93,3 +94,19 @@ def test_an_uneven_split_is_pointed_out_even_when_healthy() -> None:
     uneven = fleet_finding([replica("A", LIGHT, 13), replica("B", LIGHT, 10)])
     assert not any("uneven" in line for line in even.explanation)
     assert any(line.startswith("The split is uneven") for line in uneven.explanation)
+
+
+def test_every_replica_queueing_with_an_idle_pool_is_held_back_not_overloaded() -> None:
+    cap = "Raise --max-running-requests (now 4) if the pool has room: usage stays low at the cap."
+    idle = [replica(k, QUEUEING, 10, verdict=IDLE_POOL, advice=cap) for k in "AB"]
+    f = fleet_finding(idle)
+    assert f.verdict == FLEET_HELD_BACK
+    assert f.advice[0] == "Every replica's verdict says: " + cap  # the replicas agree: their advice
+    # replicas with different advice: pointed to, not quoted
+    other = replica("B", QUEUEING, 10, verdict=IDLE_POOL, advice="Lower --schedule-conservativeness.")
+    assert fleet_finding([idle[0], other]).advice[0] == "Act on each replica's verdict below first."
+    # one replica pressed otherwise: the fleet is short of capacity
+    mixed = [idle[0], replica("B", QUEUEING, 10, verdict="healthy-queue")]
+    assert fleet_finding(mixed).verdict == FLEET_OVERLOADED
+    # an idle-pool replica beside a calm one is still an imbalance
+    assert fleet_finding([idle[0], replica("B", LIGHT, 10)]).verdict == FLEET_IMBALANCE

@@ -9,7 +9,12 @@ from kvadmit.doctor.fleet import FleetDiagnosis
 from kvadmit.doctor.fleet_report import TABLE_HEAD, table_row
 from kvadmit.doctor.html import _CSS, VERDICT_COLOURS, _finding, charts
 
-FLEET_COLOURS = {"fleet-healthy": "#2ca02c", "fleet-imbalance": "#ff7f0e", "fleet-overloaded": "#d62728"}
+FLEET_COLOURS = {
+    "fleet-healthy": "#2ca02c",
+    "fleet-imbalance": "#ff7f0e",
+    "fleet-overloaded": "#d62728",
+    "fleet-held-back": "#9467bd",
+}
 _TABLE_CSS = "table{border-collapse:collapse;margin:8px 0}td,th{border:1px solid #ccc;padding:2px 8px}"
 
 

@@ -1,7 +1,11 @@
 """The fleet's verdict from its replicas' states (fleet.py), and the router setting that explains it.
 
 * *imbalance*: some replicas retract, queue or fail (pressed) while others have no queue (calm);
-* *overloaded*: every replica is pressed: the fleet is short of capacity, whatever the router does;
+* *held back*: every replica queues with its KV pool mostly unused (each one's own verdict is
+  idle-pool-with-queue): a setting of each replica (a --max-running-requests cap, too conservative a
+  reservation) holds requests back, and more replicas would repeat that limit rather than lift it;
+* *overloaded*: every replica is pressed otherwise: the fleet is short of capacity, whatever the router
+  does;
 * *healthy*: no replica is pressed (the split of requests is still reported when it is uneven).
 
 The router is not in the replicas' logs, so its part is read from how the requests were split
@@ -22,11 +26,12 @@ replicas' prefix caches supplied:
 from __future__ import annotations
 
 from kvadmit.doctor.fleet import FAILING, PRESSED, QUEUEING, RETRACTING, SILENT, ReplicaVerdict
-from kvadmit.doctor.model import RANK_NOTE, Finding
+from kvadmit.doctor.model import IDLE_POOL, RANK_NOTE, Finding
 from kvadmit.doctor.trackers import Quote, unique
 
 FLEET_IMBALANCE = "fleet-imbalance"
 FLEET_OVERLOADED = "fleet-overloaded"
+FLEET_HELD_BACK = "fleet-held-back"
 FLEET_HEALTHY = "fleet-healthy"
 FLEET_OTHER = "other"
 
@@ -265,6 +270,8 @@ def fleet_finding(everyone: list[ReplicaVerdict]) -> Finding:
         lines = [_split_line(everyone), *_cause_lines(cause, pressed, calm, n)]
         return Finding(FLEET_IMBALANCE, FLEET_IMBALANCE, 0, title, lines, _evidence(pressed, calm),
                        _advice(cause, pressed, calm, n), numbers)  # fmt: skip
+    if pressed and all(r.diagnosis.verdict == IDLE_POOL for r in pressed):
+        return _held_back(everyone, numbers)
     if pressed:
         failing = [r for r in pressed if r.state == FAILING]
         title = (
@@ -293,3 +300,29 @@ def fleet_finding(everyone: list[ReplicaVerdict]) -> Finding:
             "load grows."
         )
     return Finding(FLEET_HEALTHY, FLEET_HEALTHY, RANK_NOTE, title, lines, [], [], numbers)
+
+
+def _held_back(everyone: list[ReplicaVerdict], numbers: dict[str, object]) -> Finding:
+    """Every replica queues with an idle pool: the replicas' setting, not their number, is the limit."""
+    n = len(everyone)
+    top = max((r.numbers.peak_usage[0] for r in everyone if r.numbers.peak_usage), default=None)
+    usage = f"token usage at most {top:.2f}; " if top is not None else ""
+    title = (
+        f"Held back, not short of capacity: every replica queues with its KV pool mostly unused ({usage}"
+        f"{_each(everyone)}): a setting of each replica holds the requests back"
+    )
+    lines = [
+        _split_line(everyone),
+        "Each replica's own verdict is idle-pool-with-queue (below): requests wait while its pool has "
+        "room. More replicas would spread the queue but repeat the limit; lifting the limit uses the "
+        "memory the replicas already have.",
+    ]
+    firsts = {r.diagnosis.lead.advice[0] for r in everyone if r.diagnosis.lead.advice}
+    shared = [f"Every replica's verdict says: {firsts.pop()}"] if len(firsts) == 1 else []
+    advice = [
+        *(shared or ["Act on each replica's verdict below first."]),
+        f"Then size the fleet: kvadmit simulate --replicas {n} with that setting changed (same flags) "
+        "shows what it buys before adding replicas.",
+    ]
+    return Finding(FLEET_HELD_BACK, FLEET_HELD_BACK, 0, title, lines, _evidence(everyone, []), advice,
+                   numbers)  # fmt: skip
