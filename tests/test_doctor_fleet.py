@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from kvadmit.cli import main
+from kvadmit.doctor.fleet import diagnose_fleet
 
 POOL = 6000
 
@@ -183,20 +184,24 @@ def test_every_replica_retracting_is_an_overloaded_fleet_not_a_routing_problem(
     assert any("--replicas 3" in a for a in report["fleet"]["advice"])  # type: ignore[index]
 
 
+def capped_fleet(capsys: pytest.CaptureFixture[str], tmp_path: Path, cap: int) -> Path:
+    """40 requests of 100 + 100 tokens dealt in turn to 2 replicas, each with --max-running-requests cap."""
+    small = {"prompt_len": 100, "max_new_tokens": 100, "output_len": 100, "ignore_eos": True}
+    trace = write_trace(tmp_path / "capped.jsonl", [small] * 40)
+    return simulate(capsys, trace, tmp_path / f"capped{cap}.log", "--replicas", "2", "--router",
+                    "round_robin", "--max-running-requests", str(cap))  # fmt: skip
+
+
 def test_every_replica_capped_with_an_idle_pool_is_held_back_and_lifting_the_cap_clears_it(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    """40 requests of 100 + 100 tokens dealt in turn to 2 replicas, each capped at 2 running: each admits
-    2 and queues 18, holding at most 2 × 200 of its 6,000 tokens — the cap, not the fleet's size, is the
-    limit. The log shows usage every 40 decode steps (--decode-log-interval): a pair of requests decodes
-    99 steps (its first token comes from the prefill), so the lines fall 40·m mod 99 steps into a pair,
-    at most 88 for m ≤ 24: 2 × (100 + 88) = 376 tokens, usage 0.06. With the cap at 20 (the advice), each admits its 20 at once: 20 × (100 + 100) = 4,000,
-    and the 20th needs 201 < 6,000 − 19 × 200 = 2,200 left, so nothing queues."""
-    small = {"prompt_len": 100, "max_new_tokens": 100, "output_len": 100, "ignore_eos": True}
-    trace = write_trace(tmp_path / "capped.jsonl", [small] * 40)
-    log = simulate(capsys, trace, tmp_path / "capped.log", "--replicas", "2", "--router", "round_robin",
-                   "--max-running-requests", "2")  # fmt: skip
-    report = doctor_json(capsys, "--fleet", str(log))
+    """Capped at 2, each replica admits 2 and queues 18, holding at most 2 × 200 of its 6,000 tokens: the
+    cap, not the fleet's size, is the limit. The log shows usage every 40 decode steps
+    (--decode-log-interval): a pair decodes 99 steps (its first token comes from the prefill), so the
+    lines fall 40·m mod 99 steps into a pair, at most 88 for m ≤ 24: 2 × (100 + 88) = 376 tokens, usage
+    0.06. Capped at 20 (the advice), each admits its 20 at once: 20 × (100 + 100) = 4,000, the 20th
+    needing 201 < 6,000 − 19 × 200 = 2,200 left, so nothing queues."""
+    report = doctor_json(capsys, "--fleet", str(capped_fleet(capsys, tmp_path, 2)))
     rows = rows_of(report)
     assert [rows[k]["verdict"] for k in rows] == ["idle-pool-with-queue"] * 2
     assert [rows[k]["peak_queue"] for k in rows] == [18, 18]
@@ -207,11 +212,26 @@ def test_every_replica_capped_with_an_idle_pool_is_held_back_and_lifting_the_cap
     )
     advice = report["fleet"]["advice"]  # type: ignore[index]
     assert advice[0].startswith("Every replica's verdict says: Raise --max-running-requests (now 2)")
-    lifted = simulate(capsys, trace, tmp_path / "lifted.log", "--replicas", "2", "--router", "round_robin",
-                      "--max-running-requests", "20")  # fmt: skip
-    report = doctor_json(capsys, "--fleet", str(lifted))
+    report = doctor_json(capsys, "--fleet", str(capped_fleet(capsys, tmp_path, 20)))
     assert report["verdict"] == "fleet-healthy"
     assert [r["peak_queue"] for r in rows_of(report).values()] == [0, 0]
+
+
+def test_with_one_log_per_replica_the_fleet_verdicts_quotes_name_their_files(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """The fleet verdict quotes each replica's peak lines; line numbers alone would not say which log."""
+    lines = capped_fleet(capsys, tmp_path, 2).read_text(encoding="utf-8").splitlines()
+    files = []
+    for k in range(2):
+        f = tmp_path / f"replica{k}.log"
+        f.write_text("".join(line.replace(f" DP{k}]", "]") + "\n" for line in lines if f" DP{k}]" in line))
+        files.append(str(f))
+    assert doctor_json(capsys, *files)["verdict"] == "fleet-held-back"
+    for r in diagnose_fleet(files).replicas:
+        n = r.numbers
+        assert n.peak_queue and n.peak_usage and n.peak_in_flight
+        assert {n.peak_queue[1].source, n.peak_usage[1].source, n.peak_in_flight[1].source} == {r.name}
 
 
 def test_a_balanced_round_robin_fleet_is_healthy_and_the_text_report_matches_the_json(

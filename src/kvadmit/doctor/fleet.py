@@ -155,6 +155,7 @@ def diagnose_fleet(paths: list[str]) -> FleetDiagnosis:
         retracted = c.retract.requests
         state = state_of(d, stream.collector.numbers, events)
         first = c.retract.first or (c.vllm.first[2] if c.vllm.first else None)
+        _name_the_file(stream, first)
         replicas.append(
             ReplicaVerdict(
                 stream.name, d, stream.collector.numbers, events, retracted, state, first, stream.dp_args
@@ -162,3 +163,14 @@ def diagnose_fleet(paths: list[str]) -> FleetDiagnosis:
         )
         inputs.append(summary)
     return FleetDiagnosis(fleet_finding(replicas), replicas, inputs)
+
+
+def _name_the_file(stream: ReplicaStream, first: Quote | None) -> None:
+    """The fleet verdict quotes each replica's peak lines: say which file each came from (its own verdict's
+    evidence already does)."""
+    n = stream.collector.numbers
+    for peak in (n.peak_queue, n.peak_usage, n.peak_in_flight):
+        if peak is not None:
+            peak[1].source = peak[1].source or stream.source
+    if first is not None:
+        first.source = first.source or stream.source
