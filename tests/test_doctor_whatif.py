@@ -136,3 +136,29 @@ def test_round_trip_what_if_matches_simulating_the_changed_flag(tmp_path: Path) 
     _, actual = _simulated_log(tmp_path, ServerArgs(max_total_tokens=30_000, max_running_requests=16))
     ttfts = sorted(1000 * o.ttft for o in actual.outcomes)
     assert predicted == pytest.approx(ttfts[len(ttfts) // 2], rel=0.10)
+
+
+def test_an_idle_pool_held_by_the_cap_is_proved_by_doubling_the_cap(tmp_path: Path) -> None:
+    """Capped at 8 running, 4 requests a second of about 300 output tokens at 20 ms a decode step: 8
+    requests take about 300 × 20 ms = 6 s, 1.3 a second, so requests queue while 8 × (400 + 600) of the
+    30,000-token pool is the most the running ones can reserve: an idle pool, #running-req flat at the cap.
+    The cap explains it, so the reconstruction needs no oversized max_new_tokens to explain it, and the
+    advice, the cap doubled, is simulated from the reconstruction: its TTFT p50 matches simulating the same
+    workload with --max-running-requests 16."""
+    path, _ = _simulated_log(tmp_path, ServerArgs(max_total_tokens=30_000, max_running_requests=8))
+    found = diagnose(Inputs(log=path))
+    assert found.verdict == "idle-pool-with-queue"
+    assert found.lead.numbers["cause"] == "max-running-requests"
+    proof = prove(path, found.verdict, [], "max-running-requests")
+    rec = proof.reconstruction
+    assert rec is not None and proof.reproduced
+    assert rec.max_new_tokens.value <= 600  # not the room per running request ÷ the ratio's floor
+    raised = next(
+        o for o in proof.outcomes if o.scenario.label == "--max-running-requests 16 (twice the cap)"
+    )
+    assert raised.scenario.source == "advice"
+    _, actual = _simulated_log(tmp_path, ServerArgs(max_total_tokens=30_000, max_running_requests=16))
+    ttfts = sorted(1000 * o.ttft for o in actual.outcomes)
+    assert raised.ttft_p50_ms == pytest.approx(ttfts[len(ttfts) // 2], rel=0.10)
+    today = proof.outcomes[0]
+    assert today.ttft_p50_ms is not None and raised.ttft_p50_ms < today.ttft_p50_ms

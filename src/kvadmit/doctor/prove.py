@@ -15,6 +15,7 @@ from kvadmit.doctor.reconstruct import CannotReconstruct, Reconstruction, recons
 from kvadmit.doctor.reservation import judge_reservation
 from kvadmit.doctor.resimulate import run
 from kvadmit.doctor.whatif import (
+    CAP_CAUSE,
     RETRACTION_FACTOR,
     USAGE_TOLERANCE,
     Outcome,
@@ -118,8 +119,9 @@ def replay_check(verdict: str, real: Stats, today: Outcome) -> tuple[list[CheckR
     return rows, all(r.ok for r in rows)
 
 
-def prove(log: str, verdict: str, user: list[Scenario]) -> Proof:
-    """Reconstruct, check the replay, and simulate the advice and the user's flag changes."""
+def prove(log: str, verdict: str, user: list[Scenario], cause: str | None = None) -> Proof:
+    """Reconstruct, check the replay, and simulate the advice and the user's flag changes. `cause`: the
+    lead finding's cause where it names one (an idle pool's, pool_rules.py), which picks the advice."""
     began = time.perf_counter()
     proof = Proof()
     try:
@@ -127,17 +129,24 @@ def prove(log: str, verdict: str, user: list[Scenario]) -> Proof:
             raise CannotReconstruct("the log came from standard input, which can be read only once")
         obs = read_observed(log)
         rec = reconstruct(obs)
-        judge_reservation(rec, obs, verdict == model.IDLE_POOL)
+        # (an idle pool that the --max-running-requests cap explains needs no oversized budget to explain it)
+        judge_reservation(rec, obs, verdict == model.IDLE_POOL and cause != CAP_CAUSE)
     except CannotReconstruct as e:
         proof.problem = f"no reconstruction: {e}"
         proof.seconds = time.perf_counter() - began
         return proof
     proof.reconstruction = rec
-    return _simulate_all(proof, rec, obs, verdict, user, began)
+    return _simulate_all(proof, rec, obs, verdict, user, began, cause)
 
 
 def _simulate_all(
-    proof: Proof, rec: Reconstruction, obs: Observed, verdict: str, user: list[Scenario], began: float
+    proof: Proof,
+    rec: Reconstruction,
+    obs: Observed,
+    verdict: str,
+    user: list[Scenario],
+    began: float,
+    cause: str | None,
 ) -> Proof:
     proof.real = real = window_stats(obs, rec.window[0], rec.span_s)
     rec.progress_floor = opening_floor(rec)
@@ -152,7 +161,7 @@ def _simulate_all(
     proof.outcomes = [today]
     if not proof.reproduced:
         proof.problem = "the reconstruction does not reproduce the log: no prediction is claimed"
-    scenarios = advised(rec, verdict) + user
+    scenarios = advised(rec, verdict, cause) + user
     others = [_simulate(rec, s) for s in scenarios]
     others.sort(key=lambda o: (o.stats.retractions_per_min, o.ttft_p50_ms or 0.0))
     proof.outcomes += others

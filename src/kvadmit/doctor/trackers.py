@@ -137,7 +137,10 @@ class QueueStats:
             self.first_wait = q
         self.last_wait = q
         if s.running is not None:
-            self.running_counts[s.running] = self.running_counts.get(s.running, 0) + 1
+            # A Prefill line's #running-req is the batch its #new-seq join: under a cap the batch after the
+            # join sits at the cap (#running-req: 7, #new-seq: 1 under --max-running-requests 8).
+            joined = s.running + (s.new_seq or 0) if s.kind == "prefill" else s.running
+            self.running_counts[joined] = self.running_counts.get(joined, 0) + 1
             if s.running == 0:
                 self.stuck += 1
                 self.stuck_quote = self.stuck_quote or q

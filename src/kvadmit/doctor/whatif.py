@@ -17,6 +17,7 @@ RETRACTION_FACTOR = 2.0  # the replay must give retractions per minute within th
 USAGE_TOLERANCE = 0.15  # and token usage within this, on average over the window
 BINS = 10
 RETRACTION_VERDICTS = (model.STORM, model.OCCASIONAL, model.COLLAPSE)
+CAP_CAUSE = "max-running-requests"  # an idle pool's cause when #running-req sits at the cap (pool_rules.py)
 REALISTIC_BELOW = 0.9  # advise a realistic max_new_tokens when the outputs' p99 is under 90% of the ask
 
 
@@ -157,12 +158,20 @@ def realistic_budget(rec: Reconstruction) -> Scenario | None:
     return Scenario(f"max_new_tokens {p99:,} (the outputs' p99)", "advice", max_new_tokens=p99)
 
 
-def advised(rec: Reconstruction, verdict: str) -> list[Scenario]:
+def advised(rec: Reconstruction, verdict: str, cause: str | None = None) -> list[Scenario]:
     """The doctor's advice, as flag changes (advice.py: raise conservativeness to 1.3, lower the request
-    cap below the running count at the first retraction, ask for realistic max_new_tokens)."""
+    cap below the running count at the first retraction, ask for realistic max_new_tokens; with an idle
+    pool held back by the --max-running-requests cap (`cause`, pool_rules.py), double the cap)."""
     realistic = realistic_budget(rec)
     if verdict not in RETRACTION_VERDICTS:
-        return [realistic] if realistic and verdict == model.IDLE_POOL else []
+        if verdict != model.IDLE_POOL:
+            return []
+        out = []
+        cap = rec.max_running_requests.value
+        if cause == CAP_CAUSE and isinstance(cap, int) and cap > 0:
+            label = f"--max-running-requests {2 * cap} (twice the cap)"
+            out.append(Scenario(label, "advice", {"max_running_requests": 2 * cap}))
+        return out + ([realistic] if realistic else [])
     out = [Scenario("--schedule-conservativeness 1.3", "advice", {"schedule_conservativeness": 1.3})]
     if rec.running_at_first_retraction and rec.running_at_first_retraction > 2:
         cap = int(rec.running_at_first_retraction * 0.85)  # 15% below it
