@@ -321,8 +321,9 @@ def _held_back(everyone: list[ReplicaVerdict], numbers: dict[str, object]) -> Fi
     shared = [f"Every replica's verdict says: {firsts.pop()}"] if len(firsts) == 1 else []
     advice = [
         *(shared or ["Act on each replica's verdict below first."]),
-        f"Then size the fleet: kvadmit simulate --replicas {n} with that setting changed (same flags) "
-        "shows what it buys before adding replicas.",
+        f"kvadmit doctor on one replica's log alone simulates that advice from its reconstruction (the "
+        f"what-if table); kvadmit simulate --replicas {n} with the setting changed (same flags) shows the "
+        "fleet's, before adding replicas.",
     ]
     return Finding(FLEET_HELD_BACK, FLEET_HELD_BACK, 0, title, lines, _evidence(everyone, []), advice,
                    numbers)  # fmt: skip
