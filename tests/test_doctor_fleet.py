@@ -217,21 +217,33 @@ def test_every_replica_capped_with_an_idle_pool_is_held_back_and_lifting_the_cap
     assert [r["peak_queue"] for r in rows_of(report).values()] == [0, 0]
 
 
-def test_with_one_log_per_replica_the_fleet_verdicts_quotes_name_their_files(
+def test_with_one_log_per_replica_the_fleet_verdict_names_its_files_and_simulates_the_advice(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    """The fleet verdict quotes each replica's peak lines; line numbers alone would not say which log."""
+    """The fleet verdict quotes each replica's peak lines (line numbers alone would not say which log), and
+    simulates the replicas' advice from one replica's log."""
     lines = capped_fleet(capsys, tmp_path, 2).read_text(encoding="utf-8").splitlines()
     files = []
     for k in range(2):
         f = tmp_path / f"replica{k}.log"
         f.write_text("".join(line.replace(f" DP{k}]", "]") + "\n" for line in lines if f" DP{k}]" in line))
         files.append(str(f))
-    assert doctor_json(capsys, *files)["verdict"] == "fleet-held-back"
+    report = doctor_json(capsys, *files)
+    assert report["verdict"] == "fleet-held-back"
     for r in diagnose_fleet(files).replicas:
         n = r.numbers
         assert n.peak_queue and n.peak_usage and n.peak_in_flight
         assert {n.peak_queue[1].source, n.peak_usage[1].source, n.peak_in_flight[1].source} == {r.name}
+    # the replicas' advice, simulated from the log of the replica that queued longest (a tie: the first):
+    # twice the cap runs twice the requests at once, so its TTFT p50 is lower than the reconstruction's
+    proof = report["fleet"]["numbers"]["proof"]  # type: ignore[index]
+    assert proof["replica"] == files[0] and proof["what_if"] == "--max-running-requests 4 (twice the cap)"
+    assert proof["advice"]["ttft_p50_ms"] < proof["today"]["ttft_p50_ms"]
+    assert any(line.startswith(f"Simulated from {files[0]} alone") for line in report["fleet"]["explanation"])
+    # not with --no-what-if, and not for a log of ranks (the reconstruction reads one server's lines)
+    assert "proof" not in doctor_json(capsys, *files, "--no-what-if")["fleet"]["numbers"]  # type: ignore[index]
+    tagged = doctor_json(capsys, "--fleet", str(tmp_path / "capped2.log"))
+    assert tagged["verdict"] == "fleet-held-back" and "proof" not in tagged["fleet"]["numbers"]  # type: ignore[index]
 
 
 def test_a_balanced_round_robin_fleet_is_healthy_and_the_text_report_matches_the_json(

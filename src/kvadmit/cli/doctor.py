@@ -149,6 +149,10 @@ def run_fleet(ns: argparse.Namespace, logs: list[str]) -> int:
         result = diagnose_fleet(logs)
     except DoctorInputError as e:
         raise UsageError(str(e)) from None
+    if not ns.no_what_if:
+        from kvadmit.doctor.fleet_prove import prove_held_back
+
+        prove_held_back(result, logs)
     if ns.html:
         from kvadmit.doctor.fleet_html import render_fleet_html
 
