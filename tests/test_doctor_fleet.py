@@ -19,6 +19,7 @@ import pytest
 
 from kvadmit.cli import main
 from kvadmit.doctor.fleet import diagnose_fleet
+from kvadmit.doctor.fleet_prove import rank_log
 
 POOL = 6000
 
@@ -240,10 +241,13 @@ def test_with_one_log_per_replica_the_fleet_verdict_names_its_files_and_simulate
     assert proof["replica"] == files[0] and proof["what_if"] == "--max-running-requests 4 (twice the cap)"
     assert proof["advice"]["ttft_p50_ms"] < proof["today"]["ttft_p50_ms"]
     assert any(line.startswith(f"Simulated from {files[0]} alone") for line in report["fleet"]["explanation"])
-    # not with --no-what-if, and not for a log of ranks (the reconstruction reads one server's lines)
+    # not with --no-what-if
     assert "proof" not in doctor_json(capsys, *files, "--no-what-if")["fleet"]["numbers"]  # type: ignore[index]
-    tagged = doctor_json(capsys, "--fleet", str(tmp_path / "capped2.log"))
-    assert tagged["verdict"] == "fleet-held-back" and "proof" not in tagged["fleet"]["numbers"]  # type: ignore[index]
+    # from the one log of ranks the files were cut from: DP0's lines, its tag taken out, are the same server
+    # log, so the same reconstruction and the same simulated figures
+    tagged = doctor_json(capsys, "--fleet", str(tmp_path / "capped2.log"))["fleet"]["numbers"]["proof"]  # type: ignore[index]
+    assert tagged["replica"] == "DP0"
+    assert (tagged["today"], tagged["advice"]) == (proof["today"], proof["advice"])
 
 
 def test_a_balanced_round_robin_fleet_is_healthy_and_the_text_report_matches_the_json(
@@ -405,3 +409,28 @@ def test_the_dp_controllers_setting_is_named_when_the_server_args_line_shows_it(
     )
     plain = doctor_json(capsys, "--fleet", str(log))
     assert not any("server_args" in line for line in plain["fleet"]["explanation"])  # type: ignore[index]
+
+
+def test_a_ranks_lines_are_cut_from_a_log_of_ranks_as_its_own_server_prints_them(tmp_path: Path) -> None:
+    """rank_log keeps the rank's tagged lines without its tag, and the stamped untagged lines every rank
+    reads; the other ranks' lines go. Both places a tag is printed: kvadmit's `[… DP1]` and the real
+    tests/data/logs/20-… prefix `[DP3 TP3 EP3 scheduler_metrics_mixin.py:222]`."""
+    log = tmp_path / "ranks.log"
+    log.write_text(
+        "[2026-01-01 00:00:00] max_total_num_tokens=6000, chunked_prefill_size=4096\n"
+        "[2026-01-01 00:00:01 DP0] Decode batch, #running-req: 2\n"
+        "[2026-01-01 00:00:01 DP1] Decode batch, #running-req: 3\n"
+        "[2026-01-01 00:00:02 DP1 TP0] Prefill batch, #new-seq: 1\n",
+        encoding="utf-8",
+    )
+    out = tmp_path / "dp1.log"
+    rank_log(str(log), "DP1", out)
+    assert out.read_text(encoding="utf-8").splitlines() == [
+        "[2026-01-01 00:00:00] max_total_num_tokens=6000, chunked_prefill_size=4096",
+        "[2026-01-01 00:00:01] Decode batch, #running-req: 3",
+        "[2026-01-01 00:00:02 TP0] Prefill batch, #new-seq: 1",
+    ]
+    real = Path(__file__).parent / "data" / "logs" / "20-sglang-11854-h20-pd-decode-healthy.log"
+    rank_log(str(real), "DP3", out)
+    (line,) = out.read_text(encoding="utf-8").splitlines()
+    assert line.startswith("2025-10-20 03:02:22 INFO 31223 [TP3 EP3 scheduler_metrics_mixin.py:222] Decode")
