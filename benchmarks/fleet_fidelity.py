@@ -37,7 +37,6 @@ import os
 import platform
 import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -66,7 +65,7 @@ from fleet_workload import (  # noqa: E402
 )
 from kvadmit.config import ServerArgs  # noqa: E402
 from kvadmit.observe.load_snapshot import GEN_THROUGHPUT_STALE_S  # noqa: E402
-from machine import cpu_model, publish  # noqa: E402
+from machine import cpu_model, publish, source_commit  # noqa: E402
 
 
 def steps_file(log: Path) -> Path:
@@ -139,17 +138,6 @@ def real_run(router: str, policy: str, workers: list, files: list[tuple[Path, Pa
         median = statistics.median(mine) if mine else 0.0
         out.append(WorkerResult(served, peak_queue(lines), median, retracted(lines), mine))
     return out, sent.polls_s
-
-
-def source_commit() -> str:
-    """The checkout's commit (short hash), marked when the working tree differs from it."""
-
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=HERE, capture_output=True, text=True).stdout.strip()
-
-    head = git("rev-parse", "--short", "HEAD") or "unknown"
-    dirty = git("status", "--porcelain", "--untracked-files=no")
-    return head + (" with uncommitted changes" if dirty else "")
 
 
 def ranked(results: list[WorkerResult], by_index: bool) -> list[WorkerResult]:

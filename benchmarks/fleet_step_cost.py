@@ -26,7 +26,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from machine import cpu_model, publish
+from machine import cpu_model, publish, source_commit
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -80,11 +80,7 @@ def main() -> None:
     ns = ap.parse_args()
     if shutil.which("valgrind") is None:
         raise SystemExit("fleet_step_cost.py needs valgrind (apt install valgrind)")
-    rev = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                         text=True, check=True).stdout.strip()  # fmt: skip
-    dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", "src"],
-                           capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
-    trees = [(f"this checkout ({rev}{' with uncommitted changes' if dirty else ''})", ROOT / "src")]
+    trees = [(f"this checkout ({source_commit(str(ROOT / 'src'))})", ROOT / "src")]
     scratch = Path(tempfile.mkdtemp(prefix="fleet-step-cost-"))
     try:
         if ns.base:

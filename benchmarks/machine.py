@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import platform
+import subprocess
 from pathlib import Path
 
 
@@ -46,3 +47,17 @@ def publish(lines: list[str], output: str, keep_earlier: bool = False) -> None:
         earlier = Path(output).read_text(encoding="utf-8") if keep_earlier and Path(output).exists() else ""
         with open(output, "w", encoding="utf-8") as f:
             f.write(text + ("\n" + earlier if earlier else ""))
+
+
+def source_commit(under: str | None = None) -> str:
+    """The checkout's commit (short hash), marked "with uncommitted changes" when its tracked files differ
+    from it, or, given `under` (a folder of the checkout), when anything there does (untracked files too)."""
+
+    def git(*args: str) -> str:
+        where = Path(__file__).resolve().parent
+        return subprocess.run(["git", *args], cwd=where, capture_output=True, text=True).stdout.strip()
+
+    head = git("rev-parse", "--short", "HEAD") or "unknown"
+    scope = ("--", under) if under else ("--untracked-files=no",)
+    changed = git("status", "--porcelain", *scope)
+    return head + (" with uncommitted changes" if changed else "")
