@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from kvadmit.doctor.model import CAP_CAUSE
+
 if TYPE_CHECKING:
     from kvadmit.doctor.collect import Collected
 
@@ -133,7 +135,7 @@ def idle(cause: str, c: Collected) -> list[str]:
             "Set realistic max_new_tokens in clients: a high ratio times an oversized max_new_tokens "
             "reserves far more than requests use.",
         ]
-    if cause == "max-running-requests":
+    if cause == CAP_CAUSE:
         if c.engine == {"vllm"}:
             return ["Raise --max-num-seqs if the KV cache has room: usage stays low at the cap."]
         value = f" (now {cap:,})" if isinstance(cap, int) else ""

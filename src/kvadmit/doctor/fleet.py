@@ -52,6 +52,11 @@ class ReplicaVerdict:
         return max(0, self.numbers.admissions - self.retracted)
 
     @property
+    def peak_queue(self) -> int:
+        """The largest #queue-req of its lines (0 without any)."""
+        return self.numbers.peak_queue[0] if self.numbers.peak_queue else 0
+
+    @property
     def requests_seen(self) -> bool:
         """Whether the log shows its admissions: Prefill lines, or no batch line at all (nothing admitted);
         a decode-only log (a PD decode worker, an excerpt) does not."""
@@ -82,7 +87,7 @@ class ReplicaVerdict:
             "state": self.state,
             "requests": self.requests if self.requests_seen else None,
             "admissions": n.admissions,
-            "peak_queue": n.peak_queue[0] if n.peak_queue else 0,
+            "peak_queue": self.peak_queue,
             "retractions": self.retractions,
             "retracted_requests": self.retracted,
             "usage_peak": n.peak_usage[0] if n.peak_usage else None,

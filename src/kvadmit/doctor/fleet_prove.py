@@ -17,10 +17,6 @@ from kvadmit.doctor.fleet_rules import FLEET_HELD_BACK
 from kvadmit.doctor.source import LogSource
 
 
-def _peak_queue(r: ReplicaVerdict) -> int:
-    return r.numbers.peak_queue[0] if r.numbers.peak_queue else 0
-
-
 def _ms(x: float | None) -> str:
     return f"{x:,.0f} ms" if x is not None else "–"
 
@@ -66,7 +62,7 @@ def prove_held_back(result: FleetDiagnosis, logs: list[str]) -> None:
     fleet = result.fleet
     if fleet.verdict != FLEET_HELD_BACK:
         return
-    busiest = max(result.replicas, key=_peak_queue)
+    busiest = max(result.replicas, key=lambda r: r.peak_queue)
     if busiest.name in logs:
         _prove(result, busiest, busiest.name)
     elif len(logs) == 1 and busiest.name.startswith(("DP", "ATTN_DP")):

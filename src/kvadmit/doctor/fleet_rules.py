@@ -96,16 +96,20 @@ def cause_of(
 
 
 def _describe(r: ReplicaVerdict) -> str:
-    n = r.numbers
     if r.state == RETRACTING:
         return f"{r.name} retracts ({r.retracted:,} requests retracted)"
     if r.state == QUEUEING:
-        return f"{r.name} queues (peak queue {n.peak_queue[0] if n.peak_queue else 0:,})"
+        return f"{r.name} queues (peak queue {r.peak_queue:,})"
     return f"{r.name} fails ({r.diagnosis.verdict})"
 
 
+def _top_usage(rs: list[ReplicaVerdict]) -> float | None:
+    """The highest token usage any of these replicas' lines shows (None: no line shows usage)."""
+    return max((r.numbers.peak_usage[0] for r in rs if r.numbers.peak_usage), default=None)
+
+
 def _calm_phrase(calm: list[ReplicaVerdict]) -> str:
-    top = max((r.numbers.peak_usage[0] for r in calm if r.numbers.peak_usage), default=None)
+    top = _top_usage(calm)
     usage = f" (token usage at most {top:.2f})" if top is not None else ""
     verb = "has" if len(calm) == 1 else "have"
     silent = [r for r in calm if r.state == SILENT]
@@ -305,7 +309,7 @@ def fleet_finding(everyone: list[ReplicaVerdict]) -> Finding:
 def _held_back(everyone: list[ReplicaVerdict], numbers: dict[str, object]) -> Finding:
     """Every replica queues with an idle pool: the replicas' setting, not their number, is the limit."""
     n = len(everyone)
-    top = max((r.numbers.peak_usage[0] for r in everyone if r.numbers.peak_usage), default=None)
+    top = _top_usage(everyone)
     usage = f"token usage at most {top:.2f}; " if top is not None else ""
     title = (
         f"Held back, not short of capacity: every replica queues with its KV pool mostly unused ({usage}"

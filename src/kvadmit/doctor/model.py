@@ -17,6 +17,10 @@ COLLAPSE = "throughput-collapse"
 OOM_ABORT = "oom-abort"
 OTHER = "other"
 
+# An idle pool's cause when #running-req sits at the --max-running-requests cap (pool_rules.py; the advice
+# and the what-if read it).
+CAP_CAUSE = "max-running-requests"
+
 # Which finding leads when several hold. Requests waiting is the question the doctor answers first, so
 # a healthy queue with a rare retraction reads "healthy queue"; without a queue the retraction leads.
 RANK_OOM = 0

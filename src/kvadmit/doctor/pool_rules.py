@@ -13,6 +13,7 @@ from kvadmit.doctor import advice
 from kvadmit.doctor.collect import Collected
 from kvadmit.doctor.lasted_rules import STALL_NOTE_SHARE, of_log, seconds, waiting_was_a_moment
 from kvadmit.doctor.model import (
+    CAP_CAUSE,
     IDLE_POOL,
     OOM_ABORT,
     OTHER,
@@ -234,7 +235,7 @@ def _idle_cause(c: Collected, stuck: bool) -> tuple[str, list[str], list[Quote |
             f"#running-req sits flat at {value:,}{at_cap} in {share:.0%} of the moments requests waited: a "
             "cap on the number of running requests, not the KV pool, holds them back."
         )
-        return "max-running-requests", lines, []
+        return CAP_CAUSE, lines, []
     lines.append(
         "No retraction pushed the ratio up and #running-req is not flat at a cap, so the likely cause is "
         "oversized max_new_tokens: each running request reserves its remaining max_new_tokens × the ratio, "

@@ -15,7 +15,6 @@ from kvadmit.doctor.reconstruct import CannotReconstruct, Reconstruction, recons
 from kvadmit.doctor.reservation import judge_reservation
 from kvadmit.doctor.resimulate import run
 from kvadmit.doctor.whatif import (
-    CAP_CAUSE,
     RETRACTION_FACTOR,
     USAGE_TOLERANCE,
     Outcome,
@@ -130,7 +129,7 @@ def prove(log: str, verdict: str, user: list[Scenario], cause: str | None = None
         obs = read_observed(log)
         rec = reconstruct(obs)
         # (an idle pool that the --max-running-requests cap explains needs no oversized budget to explain it)
-        judge_reservation(rec, obs, verdict == model.IDLE_POOL and cause != CAP_CAUSE)
+        judge_reservation(rec, obs, verdict == model.IDLE_POOL and cause != model.CAP_CAUSE)
     except CannotReconstruct as e:
         proof.problem = f"no reconstruction: {e}"
         proof.seconds = time.perf_counter() - began

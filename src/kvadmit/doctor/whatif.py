@@ -17,7 +17,6 @@ RETRACTION_FACTOR = 2.0  # the replay must give retractions per minute within th
 USAGE_TOLERANCE = 0.15  # and token usage within this, on average over the window
 BINS = 10
 RETRACTION_VERDICTS = (model.STORM, model.OCCASIONAL, model.COLLAPSE)
-CAP_CAUSE = "max-running-requests"  # an idle pool's cause when #running-req sits at the cap (pool_rules.py)
 REALISTIC_BELOW = 0.9  # advise a realistic max_new_tokens when the outputs' p99 is under 90% of the ask
 
 
@@ -168,7 +167,7 @@ def advised(rec: Reconstruction, verdict: str, cause: str | None = None) -> list
             return []
         out = []
         cap = rec.max_running_requests.value
-        if cause == CAP_CAUSE and isinstance(cap, int) and cap > 0:
+        if cause == model.CAP_CAUSE and isinstance(cap, int) and cap > 0:
             label = f"--max-running-requests {2 * cap} (twice the cap)"
             out.append(Scenario(label, "advice", {"max_running_requests": 2 * cap}))
         return out + ([realistic] if realistic else [])
