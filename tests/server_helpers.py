@@ -3,6 +3,7 @@ on a free port in a background thread (the same app, state and engine thread as 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import socket
@@ -13,6 +14,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import httpx
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
@@ -171,3 +174,15 @@ def wait_idle(srv: RunningServer, timeout: float = 30) -> None:
         if time.monotonic() > deadline:
             raise AssertionError("requests still in flight")
         time.sleep(0.02)
+
+
+async def until_load(client: httpx.AsyncClient, running: int, waiting: int) -> None:
+    """Poll /get_load until the server runs `running` requests with `waiting` in its queue (a fixed sleep
+    is too short on a loaded machine)."""
+    deadline = time.monotonic() + 30
+    while True:
+        row = (await client.get("/get_load")).json()[0]
+        if (row["num_reqs"] - row["num_waiting_reqs"], row["num_waiting_reqs"]) == (running, waiting):
+            return
+        assert time.monotonic() < deadline, f"never {running} running and {waiting} waiting: {row}"
+        await asyncio.sleep(0.02)

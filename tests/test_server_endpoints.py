@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from server_helpers import RunningServer, running_server, write_cost_model
+from server_helpers import RunningServer, running_server, until_load, write_cost_model
 
 POOL = 4000
 CONTEXT = 2048
@@ -68,13 +68,7 @@ async def _loaded(srv: RunningServer) -> dict[str, httpx.Response]:
         sampling = {"max_new_tokens": MAX_NEW, "ignore_eos": True}
         bodies = [{"input_ids": _prompt(i), "sampling_params": sampling} for i in range(5)]
         sent = [asyncio.create_task(client.post("/generate", json=body)) for body in bodies]
-        deadline = time.monotonic() + 30
-        while True:
-            row = (await client.get("/get_load")).json()[0]
-            if (row["num_reqs"], row["num_waiting_reqs"]) == (5, 2):
-                break
-            assert time.monotonic() < deadline, f"never 3 running and 2 waiting: {row}"
-            await asyncio.sleep(0.05)
+        await until_load(client, running=3, waiting=2)
         await asyncio.sleep(2 * DECODE_MS / 1000)  # a decode step or more has run
         paths = ["/get_load", "/v1/loads", "/v1/loads?include=core", "/v1/loads?include=core,queues",
                  "/v1/loads?format=prometheus", "/v1/loads?dp_rank=1", "/v1/loads?include=bogus",

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from server_helpers import RunningServer, running_server, wait_idle, write_cost_model
+from server_helpers import RunningServer, running_server, until_load, wait_idle, write_cost_model
 
 META_KEYS = ["id", "finish_reason", "prompt_tokens", "weight_version", "num_retractions", "reasoning_tokens",
              "completion_tokens", "cached_tokens", "cached_tokens_details"]  # fmt: skip
@@ -135,18 +134,6 @@ def test_openai_continuous_usage_stats_puts_the_usage_so_far_on_every_chunk(srv:
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 4
 
 
-async def _until_load(client: httpx.AsyncClient, running: int, waiting: int) -> None:
-    """Poll /get_load until the server runs `running` requests with `waiting` in its queue (a fixed sleep
-    is too short on a loaded machine)."""
-    deadline = time.monotonic() + 30
-    while True:
-        row = (await client.get("/get_load")).json()[0]
-        if (row["num_reqs"] - row["num_waiting_reqs"], row["num_waiting_reqs"]) == (running, waiting):
-            return
-        assert time.monotonic() < deadline, f"never {running} running and {waiting} waiting: {row}"
-        await asyncio.sleep(0.02)
-
-
 def test_stream_aborted_by_a_full_queue_ends_with_an_abort_chunk(tmp_path: Path) -> None:
     cost = write_cost_model(tmp_path / "cost.json", decode_ms=5.0)
     argv = ["--simulate", cost, "--max-running-requests", "1", "--max-queued-requests", "1"]
@@ -156,9 +143,9 @@ def test_stream_aborted_by_a_full_queue_ends_with_an_abort_chunk(tmp_path: Path)
             long = {"sampling_params": {"max_new_tokens": 400, "ignore_eos": True}}
             async with httpx.AsyncClient(base_url=srv.url, timeout=60) as client:
                 running = asyncio.create_task(client.post("/generate", json={"text": "a", **long}))
-                await _until_load(client, running=1, waiting=0)  # the first runs (400 steps of 5 ms)
+                await until_load(client, running=1, waiting=0)  # the first runs (400 steps of 5 ms)
                 waiting = asyncio.create_task(client.post("/generate", json={"text": "b", **long}))
-                await _until_load(client, running=1, waiting=1)  # the second waits: the queue is full
+                await until_load(client, running=1, waiting=1)  # the second waits: the queue is full
                 result = await asyncio.to_thread(
                     stream_chunks, srv.url, "/generate", {"text": "c", "rid": "third"}
                 )
