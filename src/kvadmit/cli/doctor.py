@@ -105,8 +105,7 @@ def run(ns: argparse.Namespace) -> int:
     if ns.log is not None and not ns.no_what_if:
         from kvadmit.doctor.prove import prove
 
-        cause = result.lead.numbers.get("cause")
-        proof = prove(ns.log, result.verdict, scenarios, cause if isinstance(cause, str) else None)
+        proof = prove(ns.log, result.verdict, scenarios, result.lead.cause)
     if ns.html:
         from kvadmit.doctor.html import render_html
 

@@ -76,8 +76,7 @@ def _prove(result: FleetDiagnosis, busiest: ReplicaVerdict, path: str) -> None:
     from kvadmit.doctor.prove import prove
 
     fleet = result.fleet
-    cause = busiest.diagnosis.lead.numbers.get("cause")
-    proof = prove(path, busiest.diagnosis.verdict, [], cause if isinstance(cause, str) else None)
+    proof = prove(path, busiest.diagnosis.verdict, [], busiest.diagnosis.lead.cause)
     if proof.reconstruction is None or len(proof.outcomes) < 2:
         fleet.explanation.append(f"The advice was not simulated: {proof.problem or 'nothing to simulate'}.")
         return

@@ -47,6 +47,12 @@ class Finding:
     advice: list[str] = field(default_factory=list)
     numbers: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def cause(self) -> str | None:
+        """The cause the finding names, where it names one (an idle pool's: pool_rules.py)."""
+        cause = self.numbers.get("cause")
+        return cause if isinstance(cause, str) else None
+
     def to_json(self) -> dict[str, Any]:
         return {
             "kind": self.kind,
