@@ -2,8 +2,8 @@
 what lifts the fleet's limit, so it is proved as the single-log doctor proves it (prove.py), on the log of
 the replica that queued longest. The reconstruction reads one server's lines: from one log per replica,
 that replica's file; from one log of DP ranks, that rank's lines written to a temporary file as its own
-server would print them (its tag taken out, the untagged lines every rank reads kept), as fleet_read.py
-deals them."""
+server would print them (its tag taken out, the untagged lines every rank reads kept), dealt as
+fleet_read.py deals them."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from kvadmit.doctor.fleet import FleetDiagnosis, ReplicaVerdict
-from kvadmit.doctor.fleet_read import dp_tag
+from kvadmit.doctor.fleet_read import dealt
 from kvadmit.doctor.fleet_rules import FLEET_HELD_BACK
 from kvadmit.doctor.source import LogSource
 
@@ -22,26 +22,18 @@ def _ms(x: float | None) -> str:
 
 
 def rank_log(path: str, tag: str, out: Path) -> None:
-    """Write rank `tag`'s lines of the DP log `path` to `out`: its tagged lines without the tag
-    (`[… DP1 TP0]` → `[… TP0]`), the stamped untagged lines, and the untimestamped lines that follow one
-    of its own."""
+    """Write rank `tag`'s lines of the DP log `path` to `out` (fleet_read.dealt: its own, and those every
+    rank reads), its tag taken out (`[… DP1 TP0]` → `[… TP0]`)."""
     src = LogSource(path)
-    mine = True  # whether an untimestamped line belongs here: it continues a line of this rank's or one
-    # every rank reads (so do those before the first tagged line)
     try:
         with out.open("w", encoding="utf-8") as f:
-            for _, text in src.lines():
-                found, stamped = dp_tag(text)
-                if found:
-                    mine = found == tag
-                    if mine:
-                        head, sep, rest = text.partition("] ")
-                        f.write(_untag(head + sep, tag) + rest + "\n")
-                elif stamped:
-                    mine = True  # every rank reads it (and what follows it)
-                    f.write(text + "\n")
-                elif mine:
-                    f.write(text + "\n")
+            for owner, tagged, _, text in dealt(src.lines()):
+                if owner not in ("", tag):
+                    continue
+                if tagged:
+                    head, sep, rest = text.partition("] ")
+                    text = _untag(head + sep, tag) + rest
+                f.write(text + "\n")
     finally:
         src.close()
 

@@ -12,6 +12,7 @@ alone. The collector also keeps the per-replica numbers of the fleet table (`Rep
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from kvadmit.doctor.collect import Collected, Collector
@@ -149,6 +150,24 @@ def dp_tag(text: str) -> tuple[str, bool]:
     return "", TIMESTAMP.search(prefix) is not None
 
 
+def dealt(lines: Iterable[tuple[int, str]]) -> Iterator[tuple[str, bool, int, str]]:
+    """Each line of a log of DP ranks with the rank it belongs to: (its rank's tag, or "" for a line every
+    rank reads; whether the line carries that tag itself; its number; its text). A line with a tag is that
+    rank's; one with a timestamp and no tag, every rank's; one with neither continues the line before it
+    (a traceback, a wrapped message), and before any tagged line it is every rank's."""
+    owner = ""
+    for lineno, text in lines:
+        tag, stamped = dp_tag(text)
+        if tag:
+            owner = tag
+            yield tag, True, lineno, text
+        elif stamped or not owner:
+            owner = ""
+            yield "", False, lineno, text
+        else:
+            yield owner, False, lineno, text
+
+
 def split_log(path: str) -> tuple[list[ReplicaStream], list[str]]:
     """One log dealt out to its DP ranks (one stream named after the file when it has no DP tags), and
     notes on how it was read."""
@@ -157,11 +176,9 @@ def split_log(path: str) -> tuple[list[ReplicaStream], list[str]]:
     streams: dict[str, ReplicaStream] = {}
     shared: list[tuple[int, str]] = []
     shared_dropped = 0
-    owner: ReplicaStream | None = None  # where a line with neither tag nor timestamp goes
     whole = ReplicaStream(label, label, "")  # the log as one replica, if it has no DP tags
     try:
-        for lineno, text in src.lines():
-            tag, stamped = dp_tag(text)
+        for tag, _, lineno, text in dealt(src.lines()):
             if tag:
                 stream = streams.get(tag)
                 if stream is None:
@@ -171,19 +188,15 @@ def split_log(path: str) -> tuple[list[ReplicaStream], list[str]]:
                     for n, t in shared:  # the whole server's lines so far, in order
                         stream.feed(n, t)
                 stream.feed(lineno, text)
-                owner = stream
-            elif stamped or owner is None:
-                if not streams:
-                    whole.feed(lineno, text)
-                if len(shared) < MAX_SHARED_LINES:
-                    shared.append((lineno, text))
-                else:
-                    shared_dropped += 1
-                for stream in streams.values():
-                    stream.feed(lineno, text)
-                owner = None
+                continue
+            if not streams:
+                whole.feed(lineno, text)
+            if len(shared) < MAX_SHARED_LINES:
+                shared.append((lineno, text))
             else:
-                owner.feed(lineno, text)
+                shared_dropped += 1
+            for stream in streams.values():
+                stream.feed(lineno, text)
     finally:
         src.close()
     notes = [f"read through {src.stats.compression}"] if src.stats.compression else []
