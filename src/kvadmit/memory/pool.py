@@ -47,6 +47,18 @@ def _counting(start: int, stop: int) -> array[int]:
     return ids[start:stop]
 
 
+# 0, 0, 0, …: what an anonymous pool hands out (grown like _COUNTING).
+_BLANK: list[array[int]] = [new_slots()]
+
+
+def blank_slots(n: int) -> array[int]:
+    """A slot array of n zeros: the slots of an anonymous pool, which counts slots and names none."""
+    zeros = _BLANK[0]
+    if n > len(zeros):
+        zeros = _BLANK[0] = new_slots(bytes(max(n, 2 * len(zeros)) * zeros.itemsize))  # (bytes: raw items)
+    return zeros[:n]
+
+
 def pages_for(tokens: int, page_size: int) -> int:
     """Whole pages that hold `tokens` tokens: ⌈tokens / page_size⌉ (floor division of the negation
     rounds toward −∞, so negating it back rounds up)."""
@@ -60,9 +72,13 @@ def ceil_page(tokens: int, page_size: int) -> int:
 
 class TokenPool:
     """Free pages kept as a stack; pages never handed out yet come from a counter (cheap to build).
-    Every method that hands out slots returns a new slot array the caller owns."""
+    Every method that hands out slots returns a new slot array the caller owns.
 
-    __slots__ = ("_fresh", "_returned", "num_pages", "page_size", "size")
+    An anonymous pool (page size 1, `make_anonymous`) only counts: every slot it hands out is 0 and a
+    freed slot is a number returned. For a simulation, where nothing reads a slot id (the scheduler's rules
+    read only how many slots a request, the cache and the pool hold)."""
+
+    __slots__ = ("_fresh", "_returned", "anonymous", "num_pages", "page_size", "size")
 
     def __init__(self, size: int, page_size: int = 1) -> None:
         if size <= 0 or page_size <= 0:
@@ -72,8 +88,15 @@ class TokenPool:
         self.page_size = page_size
         self.num_pages = size // page_size
         self.size = self.num_pages * page_size
-        self._fresh = 0  # pages [_fresh, num_pages) were never allocated
-        self._returned = new_slots()  # freed page ids, reused last-in first-out
+        self._fresh = 0  # pages [_fresh, num_pages) were never allocated (anonymous: slots in use)
+        self._returned = new_slots()  # freed page ids, reused last-in first-out (anonymous: empty)
+        self.anonymous = False
+
+    def make_anonymous(self) -> None:
+        """Count slots from now on rather than name them (page size 1, before any slot is handed out)."""
+        if self.page_size != 1 or self._fresh or self._returned:
+            raise ValueError("only an unused pool of page size 1 can be made anonymous")
+        self.anonymous = True
 
     def available_size(self) -> int:
         """Free token slots (whole free pages × page size)."""
@@ -84,6 +107,9 @@ class TokenPool:
             return new_slots()  # (and never slice [-0:], which would be the whole free list)
         if n > len(self._returned) + self.num_pages - self._fresh:
             raise OutOfSlots(f"asked for {n} pages, {self.available_size() // self.page_size} free")
+        if self.anonymous:
+            self._fresh += n
+            return blank_slots(n)
         returned = self._returned
         if not returned:
             taken = _counting(self._fresh, self._fresh + n)
@@ -125,8 +151,11 @@ class TokenPool:
         """One slot each for `count` requests at page size 1 (the common decode case, one slice)."""
         return self._take_pages(count)
 
-    def free(self, slots: Iterable[int]) -> None:
+    def free(self, slots: Sequence[int]) -> None:
         """Return the pages of these slots. With paging, pass every slot of a page you give up."""
+        if self.anonymous:
+            self._fresh -= len(slots)
+            return
         if self.page_size == 1:
             self._returned.extend(slots)
             return
@@ -135,7 +164,7 @@ class TokenPool:
         self._returned.extend(pages)
 
     def clear(self) -> None:
-        self._fresh = 0
+        self._fresh = 0  # (an anonymous pool stays anonymous)
         self._returned = new_slots()
 
 

@@ -164,8 +164,8 @@ class RunningBatch:
         owed = self.owed
         if owed is None:
             deque(map(array.append, self.kvs, slots), maxlen=0)
-        else:
-            owed.steps.append(slots)
+        else:  # (an anonymous pool's slots: only their number is kept)
+            owed.steps.append(len(slots))
             if len(owed.steps) >= LIMIT:
                 self.settle_all()
         self.kv_tokens += len(slots)  # one slot each

@@ -71,10 +71,12 @@ class DecodeMemory:
         raise NotImplementedError
 
     def defer_decode_slots(self) -> None:
-        """Page size 1: keep each decode step's slots owed and write them into the requests' KV arrays
-        only when something reads them (scheduler/owed_slots.py). For an executor that reads no slot id
-        and step observers that read no KV array (the simulator's); call before the first request."""
+        """Page size 1: count slots rather than name them (an anonymous pool), and keep each decode
+        step's slots owed, writing them into the requests' KV arrays only when something reads them
+        (scheduler/owed_slots.py). For an executor that reads no slot id and step observers that read no
+        KV array (the simulator's); call before the first request."""
         if self.page_size == 1 and not self.running.reqs:
+            self.pool.make_anonymous()
             self._defer_slots = True
             self.running = self._new_running_batch()
 

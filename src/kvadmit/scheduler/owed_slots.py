@@ -1,35 +1,40 @@
-"""Decode slots handed out but not yet written into the requests' KV arrays (page size 1).
+"""Decode slots handed out but not yet written into the requests' KV arrays (page size 1, simulation).
 
-A decode step gives each of the B running requests one pool slot; appending them one by one to 512
-separate arrays was about a tenth of an ordinary simulated step (docs/sim-speed-profile.md). Instead the
-running batch keeps each step's slot array as the pool handed it out and writes the slots into the
-requests' arrays later, a request at a time (one strided slice, one extend), when something reads them:
-the request ends or leaves the batch, a retraction or preemption releases KV, a mixed chunk or a leap takes
-the batch's arrays, or `LIMIT` steps have piled up. Slot ids and their order in each array are the same
-as appending at once.
+A decode step gives each of the B running requests one pool slot; appending them one by one to B
+separate arrays was about a tenth of an ordinary simulated step (docs/sim-speed-profile.md). Nothing in a
+simulation reads a slot id, only how many slots a request, the cache and the pool hold, so its pool is
+anonymous (every slot it hands out is 0, memory/pool.py) and a decode step here records only how many
+members it gave a slot. The requests' arrays grow by what they are owed when something reads them: the
+request ends or leaves the batch, a retraction or preemption releases KV, a mixed chunk or a leap takes
+the batch's arrays, or `LIMIT` steps have piled up. Every array then has the length appending at once
+gives it.
 
-The steps stay aligned with the batch: `steps[s][p]` is the slot step s gave the request now at position
-p. A request that leaves has its entry deleted from every step (positions after it shift down, as in the
-batch); a request that joins goes to the end, past every step taken before it joined, so it owes nothing
-for them. Hence the steps' lengths never decrease from one step to the next, and the request at position
-p is owed exactly the steps whose length exceeds p: the latest ones.
+The steps stay aligned with the batch: step s gave a slot to the members at positions 0 … steps[s] − 1.
+A request that leaves is taken out of every step (positions after it shift down, as in the batch); a
+request that joins goes to the end, past every step taken before it joined, so it owes nothing for them.
+Hence the counts never decrease from one step to the next, and the request at position p is owed
+exactly the steps whose count exceeds p: the latest ones.
 """
 
 from __future__ import annotations
 
 from array import array
 from collections import deque
+from itertools import repeat
 
-LIMIT = 32  # steps kept before all are written out (a request's share is then one slice of 32)
+from kvadmit.memory.pool import blank_slots
+
+LIMIT = 32  # steps kept before all are written out
 
 
 class OwedSlots:
-    """The slot arrays of the decode steps not yet written into the batch's KV arrays."""
+    """How many members each decode step not yet written into the batch's KV arrays gave a slot."""
 
     __slots__ = ("done", "steps")
 
     def __init__(self) -> None:
-        self.steps: list[array[int]] = []  # per step, the slots by batch position (lengths non-decreasing)
+        # per step, how many members it gave a slot (positions 0 … n − 1); never fewer than the step before
+        self.steps: list[int] = []
         # ids of members already given their slots (they ended: their arrays went to the prefix cache).
         # No step gives them another slot: an ended request leaves the batch before the next decode step.
         self.done: set[int] = set()
@@ -38,9 +43,9 @@ class OwedSlots:
         """Index of the first step the request at `position` is owed a slot by (len(steps): none)."""
         steps = self.steps
         lo, hi = 0, len(steps)
-        while lo < hi:  # lengths are non-decreasing: binary search for the first longer than position
+        while lo < hi:  # counts are non-decreasing: binary search for the first above position
             mid = (lo + hi) // 2
-            if len(steps[mid]) > position:
+            if steps[mid] > position:
                 hi = mid
             else:
                 lo = mid + 1
@@ -48,34 +53,30 @@ class OwedSlots:
 
     def give(self, kv: array[int], position: int) -> None:
         """Write the slots the request at `position` is owed into its array `kv`."""
-        kv.extend(array(kv.typecode, [s[position] for s in self.steps[self.first_step(position) :]]))
+        owed = len(self.steps) - self.first_step(position)
+        if owed:
+            kv.extend(blank_slots(owed))
 
     def forget(self, position: int) -> None:
-        """The request at `position` leaves the batch: take its entries out of every step."""
-        for s in self.steps[self.first_step(position) :]:
-            del s[position]
+        """The request at `position` leaves the batch: take it out of every step that gave it a slot."""
+        steps = self.steps
+        for s in range(self.first_step(position), len(steps)):
+            steps[s] -= 1
 
     def give_all(self, kvs: list[array[int]], ids: list[int]) -> None:
         """Write every member's owed slots (`kvs` and their owners' `ids` by batch position; the ids
-        are read only when some member was given its slots already) and start afresh.
-        Members owed the same steps form a block of positions: its steps' slices laid end to end hold
-        member j's slots at j, j + width, j + 2·width, … (one strided slice each)."""
+        are read only when some member was given its slots already) and start afresh. Members owed the
+        same steps form a block of positions, and get one shared array of that many slots."""
         steps, done = self.steps, self.done
         lo = 0
         for first in range(len(steps)):
-            hi = len(steps[first])
+            hi = steps[first]
             if hi <= lo:
                 continue
-            width = hi - lo
-            flat = steps[first][lo:hi]
-            for s in steps[first + 1 :]:
-                flat.extend(s[lo:hi])
-            shares = [flat[j::width] for j in range(width)]
+            members = kvs[lo:hi]
             if done:
-                for j in range(width):
-                    if ids[lo + j] in done:
-                        shares[j] = flat[:0]
-            deque(map(array.extend, kvs[lo:hi], shares), maxlen=0)
+                members = [kv for kv, key in zip(members, ids[lo:hi], strict=True) if key not in done]
+            deque(map(array.extend, members, repeat(blank_slots(len(steps) - first))), maxlen=0)
             lo = hi
         self.steps = []
         self.done = set()
