@@ -59,7 +59,6 @@ class Leaper:
         self.reqs: list[Req] = []
         self.kvs: list[array[int]] = []
         self.outs: list[list[int]] = []
-        self.members: set[int] | None = None  # ids of the running requests (built when first needed)
         self.text: list[int] = []  # a quiet step's tokens
         self.result: StepResult | None = None  # the last quiet step's result (_result)
         self.batch: ScheduledBatch | None = None  # non-overlap: the batch every quiet step reports
@@ -77,7 +76,6 @@ class Leaper:
     def _arm(self) -> bool:
         s, eng = self.sched, self.engine
         run = s.running
-        self.members = None
         if s.chunked_req is not None or s._finished_positions or s._abort_rids or not run.reqs:
             return False
         if s.waiting and not (run.batch_is_full and not s.prio.preemption):
@@ -166,16 +164,14 @@ class Leaper:
         that ended or left are skipped, as reached_length skips them.)"""
         run = self.run
         assert run is not None
-        due = run._due
-        if self.members is None:
-            self.members = set(map(id, run.reqs))  # (armed: the same requests as self.reqs)
+        due, members = run._due, run.member_ids
         stack = [0]
         while stack:
             i = stack.pop()
             if i >= len(due) or due[i][0] > bound:
                 continue
             req = due[i][2]
-            if req.finished_reason is None and id(req) in self.members:
+            if req.finished_reason is None and id(req) in members:
                 return True
             stack += (2 * i + 1, 2 * i + 2)
         return False
