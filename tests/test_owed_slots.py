@@ -42,6 +42,22 @@ def test_an_anonymous_pool_counts_slots_and_hands_out_zeros() -> None:
     assert pool.available_size() == 5
     with pytest.raises(Exception, match="asked for 6 pages, 5 free"):
         pool.alloc_decode(6)
+    pool.take_count(2)  # a decode step's slots, counted only
+    assert pool.available_size() == 3
+    with pytest.raises(Exception, match="asked for 4 pages, 3 free"):
+        pool.take_count(4)
+
+
+def test_a_deferring_batch_counts_a_decode_step_it_takes_from_an_anonymous_pool() -> None:
+    pool = TokenPool(10)
+    pool.make_anonymous()
+    reqs = [Req(rid=r, origin_input_ids=[1, 2], kv=pool.alloc_extend([], 2)) for r in "ab"]
+    batch = RunningBatch(clip=4096, full_for_ignore_eos=False, reqs=reqs, defer_slots=True)
+    batch.take_decode_slots(pool)
+    assert pool.available_size() == 4 and batch.kv_tokens == 6
+    assert batch.owed is not None and batch.owed.steps == [2]
+    batch.settle_all()
+    assert [len(r.kv) for r in reqs] == [3, 3]
 
 
 def test_only_an_unused_pool_of_page_size_1_becomes_anonymous() -> None:

@@ -160,13 +160,12 @@ class _Fleet:
             if kind == SEND:
                 self._send(t)
                 continue
-            _, kind, _, k = heapq.heappop(heap)
             if kind == END:
-                router.answered(k)
+                router.answered(heapq.heappop(heap)[3])
                 if self.free_slots is not None:
                     self.free_slots.append(t)
             else:
-                self._step(k, t)
+                self._step(heap[0][3], t)  # (it takes its event off the heap)
         stuck = [r for r in self.replicas if r.client.flights]
         if stuck:
             n = sum(len(r.client.flights) for r in stuck)
@@ -193,18 +192,24 @@ class _Fleet:
             self._push(at, STEP, k)
 
     def _step(self, k: int, t: float) -> None:
+        """Run replica k's STEP event, the top of the heap, and put the replica's next one in its place (a
+        heap's replace sifts once where a pop and a push sift twice). The order numbers are drawn as when
+        the step's ends were pushed before its next step, so the heap pops the same sequence."""
         replica = self.replicas[k]
         replica.clock.advance_to(t)
         ran = replica.step()
-        for end in replica.ended:
-            self._push(end, END, k)
+        order, heap = self.order, self.heap
+        ends = [(end, END, next(order), k) for end in replica.ended]
         replica.ended.clear()
         if ran:
-            self._push(replica.clock.now(), STEP, k)
-        elif replica.inbox:
-            self._push(replica.inbox[0][0], STEP, k)  # idle until the next request reaches it
+            heapq.heapreplace(heap, (replica.clock.now(), STEP, next(order), k))
+        elif replica.inbox:  # idle until the next request reaches it
+            heapq.heapreplace(heap, (replica.inbox[0][0], STEP, next(order), k))
         else:
+            heapq.heappop(heap)
             replica.waiting_wakeup = True
+        for end in ends:
+            heapq.heappush(heap, end)
 
     def run(self, request_trace: IO[str] | None) -> FleetResult:
         cfg = self.cfg

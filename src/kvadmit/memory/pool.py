@@ -147,6 +147,12 @@ class TokenPool:
             slots.extend(range(page * p, page * p + p))
         return slots[:extra]
 
+    def take_count(self, count: int) -> None:
+        """An anonymous pool: `count` slots in use from now on (what alloc_decode hands out, unnamed)."""
+        if count > self.num_pages - self._fresh:
+            raise OutOfSlots(f"asked for {count} pages, {self.available_size()} free")
+        self._fresh += count
+
     def alloc_decode(self, count: int) -> array[int]:
         """One slot each for `count` requests at page size 1 (the common decode case, one slice)."""
         return self._take_pages(count)

@@ -11,6 +11,7 @@ import heapq
 from array import array
 from collections import deque
 
+from kvadmit.memory.pool import TokenPool
 from kvadmit.request import Req
 from kvadmit.scheduler.owed_slots import LIMIT, OwedSlots
 
@@ -157,6 +158,20 @@ class RunningBatch:
                     del self.priority_counts[req.priority]
         if self._above:
             self._above = [r for r in self._above if id(r) not in gone]
+
+    def take_decode_slots(self, pool: TokenPool) -> None:
+        """A decode step's slot for each member, from `pool` (page size 1): owed as a count where the pool
+        is anonymous and the batch defers its slots, else appended now (give_decode_slots)."""
+        owed = self.owed
+        if owed is None or not pool.anonymous:
+            self.give_decode_slots(pool.alloc_decode(len(self.reqs)))
+            return
+        n = len(self.reqs)
+        pool.take_count(n)
+        owed.steps.append(n)
+        if len(owed.steps) >= LIMIT:
+            self.settle_all()
+        self.kv_tokens += n
 
     def give_decode_slots(self, slots: array[int]) -> None:
         """A decode step's slots, one per member in batch order (page size 1): appended to each member's

@@ -178,7 +178,7 @@ class DecodeMemory:
         """SGLang's prepare_for_decode: one more slot for each running request."""
         running = self.running
         if self.page_size == 1:
-            running.give_decode_slots(self.pool.alloc_decode(len(running.reqs)))
+            running.take_decode_slots(self.pool)
             return
         # SGLang over-estimates the step: it evicts as if every request needed a fresh page.
         evict_for(self.cache, self.pool, len(running.reqs) * self.page_size)

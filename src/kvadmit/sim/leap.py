@@ -192,7 +192,7 @@ class Leaper:
         if self.page == 1:
             # as a decode step gives them: into the running batch, owed there with its own steps' slots
             # (scheduler/owed_slots.py; or appended at once where the scheduler does not defer them)
-            run.give_decode_slots(pool.alloc_decode(n))
+            run.take_decode_slots(pool)
         else:
             pages = self.pages
             for i in self.groups[self.kv_owed % self.page]:  # those whose KV fills whole pages, in order
