@@ -105,11 +105,11 @@ class TokenPool:
     def _take_pages(self, n: int) -> array[int]:
         if n <= 0:
             return new_slots()  # (and never slice [-0:], which would be the whole free list)
+        if self.anonymous:
+            self.take_count(n)
+            return blank_slots(n)
         if n > len(self._returned) + self.num_pages - self._fresh:
             raise OutOfSlots(f"asked for {n} pages, {self.available_size() // self.page_size} free")
-        if self.anonymous:
-            self._fresh += n
-            return blank_slots(n)
         returned = self._returned
         if not returned:
             taken = _counting(self._fresh, self._fresh + n)

@@ -161,29 +161,30 @@ class RunningBatch:
 
     def take_decode_slots(self, pool: TokenPool) -> None:
         """A decode step's slot for each member, from `pool` (page size 1): owed as a count where the pool
-        is anonymous and the batch defers its slots, else appended now (give_decode_slots)."""
-        owed = self.owed
-        if owed is None or not pool.anonymous:
+        is anonymous and the batch defers its slots, else handed out and given (give_decode_slots)."""
+        if self.owed is not None and pool.anonymous:
+            pool.take_count(len(self.reqs))
+            self._owe(len(self.reqs))
+        else:
             self.give_decode_slots(pool.alloc_decode(len(self.reqs)))
-            return
-        n = len(self.reqs)
-        pool.take_count(n)
-        owed.steps.append(n)
-        if len(owed.steps) >= LIMIT:
-            self.settle_all()
-        self.kv_tokens += n
 
     def give_decode_slots(self, slots: array[int]) -> None:
         """A decode step's slots, one per member in batch order (page size 1): appended to each member's
         KV array now, or kept owed (owed_slots.py) until something reads the arrays."""
-        owed = self.owed
-        if owed is None:
+        if self.owed is None:
             deque(map(array.append, self.kvs, slots), maxlen=0)
+            self.kv_tokens += len(slots)  # one slot each
         else:  # (an anonymous pool's slots: only their number is kept)
-            owed.steps.append(len(slots))
-            if len(owed.steps) >= LIMIT:
-                self.settle_all()
-        self.kv_tokens += len(slots)  # one slot each
+            self._owe(len(slots))
+
+    def _owe(self, n: int) -> None:
+        """A decode step gave the first n members a slot each, owed until read (all of them at LIMIT)."""
+        owed = self.owed
+        assert owed is not None
+        owed.steps.append(n)
+        if len(owed.steps) >= LIMIT:
+            self.settle_all()
+        self.kv_tokens += n
 
     def settle(self, req: Req, position: int = -1) -> None:
         """Write the decode slots `req` is owed into its KV array (it ends: the cache takes the array).
