@@ -31,11 +31,11 @@ ALLOWED: dict[str, str | None] = {
     # a fleet of simulated replicas behind a router: above the simulator and the engine, below the CLI
     "fleet": "bench config engine executor observe request scheduler sim",
     "sim": "bench config costmodel engine executor observe request scheduler",
-    "bench": "errors model",  # it talks HTTP: never the server or the simulator (model: the byte tokenizer)
+    "bench": "errors model pickling",  # it talks HTTP: never the server or the simulator (model: the byte tokenizer)
     "capacity": "config errors memory native request scheduler",
     "engine": "executor request scheduler",
     "executor": "costmodel model request scheduler",
-    "costmodel": "config observe",  # below sim and executor
+    "costmodel": "config observe pickling",  # below sim and executor
     "observe": "config scheduler",
     "model": "sampling_params",
     "scheduler": "config memory request",
@@ -43,6 +43,7 @@ ALLOWED: dict[str, str | None] = {
     "memory": "",
     "config": "",
     "errors": "",
+    "pickling": "",  # __reduce__ for the compiled core's frozen dataclasses
     "sampling_params": "",
 }
 

@@ -11,6 +11,7 @@ import inspect
 import pytest
 
 from kvadmit import native
+from kvadmit.bench.workload import SimRequest
 from kvadmit.memory.pool import new_slots
 from kvadmit.memory.radix import RadixNode
 from kvadmit.request import MAX_NEW_TOKENS_UNSET, FinishKind, FinishReason, Req, SamplingLimits
@@ -34,7 +35,8 @@ REQUIRED: dict[type, dict[str, object]] = {
     PrefillBatchStats: _without_default(PrefillBatchStats),
     DecodeBatchStats: _without_default(DecodeBatchStats),
     RadixNode: {"key": [1], "value": new_slots([5]), "parent": None, "children": {}},
-    _Flight: {"spec": None, "outcome": None, "sent": 0.5},
+    SimRequest: {**_without_default(SimRequest), "ignore_eos": True},
+    _Flight: {"spec": SimRequest(0, 1, 1, 1, None, False, 0), "outcome": None, "sent": 0.5},
 }
 
 

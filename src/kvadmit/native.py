@@ -66,6 +66,10 @@ COMPILED: tuple[str, ...] = (
     "kvadmit.fleet.replica",
     "kvadmit.fleet.driver",
     "kvadmit.fleet.router",
+    "kvadmit.fleet.policies",
+    "kvadmit.fleet.radix",
+    "kvadmit.costmodel.costmodel",
+    "kvadmit.bench.workload",
 )
 
 

@@ -9,10 +9,14 @@ request stops under --disable-ignore-eos is drawn from a second generator, and e
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Final
 
 import numpy as np
 
+from kvadmit.pickling import by_fields
+
 STOP_DISTRIBUTIONS = ("uniform", "full")
+_set_field: Final = object.__setattr__  # (a frozen dataclass sets its fields so)
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +33,25 @@ class SimRequest:
     offset: int
     tokens: tuple[int, ...] | None = None  # the prompt itself (a replayed trace's input_ids)
     priority: int | None = None  # the request's priority (--priority-mix), None: it sends none
+
+    # Written out (the fields, in order, with their defaults; tests/test_native_inits.py checks): the
+    # compiled core builds it natively, where dataclass's generated __init__ is interpreted Python.
+    def __init__(
+        self, index: int, prompt_len: int, output_len: int, max_new_tokens: int, true_output_len: int | None,
+        ignore_eos: bool, offset: int, tokens: tuple[int, ...] | None = None, priority: int | None = None,
+    ) -> None:  # fmt: skip
+        _set_field(self, "index", index)
+        _set_field(self, "prompt_len", prompt_len)
+        _set_field(self, "output_len", output_len)
+        _set_field(self, "max_new_tokens", max_new_tokens)
+        _set_field(self, "true_output_len", true_output_len)
+        _set_field(self, "ignore_eos", ignore_eos)
+        _set_field(self, "offset", offset)
+        _set_field(self, "tokens", tokens)
+        _set_field(self, "priority", priority)
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return by_fields(self)  # (kvadmit/pickling.py: compiled, a frozen field refuses the restore)
 
     def prompt(self, vocab_size: int, token_ids: list[int] | None = None) -> list[int]:
         """Token j is (offset + index + j) % vocab_size, built from whole ranges (or `tokens`, when given).
@@ -59,6 +82,9 @@ class WorkloadSpec:
     stop: str = "uniform"  # without ignore_eos, where a request stops: uniform in [1, max_new] or "full"
     output_lens: tuple[int, ...] | None = None  # true output lengths from a file (cycled)
     priority_mix: PriorityMix | None = None  # (priority, weight) pairs: each request draws one
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return by_fields(self)  # (kvadmit/pickling.py: compiled, a frozen field refuses the restore)
 
     def validate(self) -> None:
         if self.num_prompts <= 0:
@@ -121,21 +147,20 @@ def build_workload(spec: WorkloadSpec) -> tuple[list[SimRequest], np.random.Rand
     priorities: list[int | None] = [None] * spec.num_prompts
     if spec.priority_mix:
         priorities = list(draw_priorities(spec.priority_mix, spec.num_prompts, spec.seed))
-    reqs = []
-    for i in range(spec.num_prompts):
-        asked = spec.max_new_tokens if spec.max_new_tokens is not None else output_lens[i]
-        true_len: int | None = None
-        if not spec.ignore_eos:
-            if spec.output_lens is not None:
-                true_len = spec.output_lens[i % len(spec.output_lens)]
-            elif spec.max_new_tokens is not None or spec.stop == "full":
-                true_len = output_lens[i]  # asks for more than it uses
-            else:
-                true_len = int(stops.randint(1, asked + 1))
-        reqs.append(
-            SimRequest(
-                i, input_lens[i], output_lens[i], asked, true_len, spec.ignore_eos, offsets[i],
-                priority=priorities[i],
-            )
-        )  # fmt: skip
+    asks = output_lens if spec.max_new_tokens is None else [spec.max_new_tokens] * spec.num_prompts
+    true_lens: list[int | None] = [None] * spec.num_prompts
+    if not spec.ignore_eos:
+        if spec.output_lens is not None:
+            true_lens = [spec.output_lens[i % len(spec.output_lens)] for i in range(spec.num_prompts)]
+        elif spec.max_new_tokens is not None or spec.stop == "full":
+            true_lens = list(output_lens)  # each asks for more than it uses
+        else:
+            # one draw in [1, asked] per request, in order: with an array of bounds numpy draws the very
+            # values (and leaves the generator where) one call per request would
+            true_lens = stops.randint(1, np.asarray(asks, dtype=np.int64) + 1).tolist()
+    reqs = [
+        SimRequest(i, input_lens[i], output_lens[i], asks[i], true_lens[i], spec.ignore_eos, offsets[i],
+                   priority=priorities[i])
+        for i in range(spec.num_prompts)
+    ]  # fmt: skip
     return reqs, rng

@@ -70,7 +70,7 @@ class Calibration:
         """What the log line should print if the model were right: the window's tokens over its
         decode steps plus its prefills."""
         n = self.decode_log_interval
-        step = self.cost.decode.seconds(w.batch, w.kv_tokens)  # type: ignore[arg-type]
+        step = self.cost.decode.seconds(w.batch, w.kv_tokens)
         return n * w.batch / (n * step + self.prefill_seconds(w))
 
     def error(self, w: DecodeWindow) -> float:

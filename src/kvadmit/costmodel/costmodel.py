@@ -35,6 +35,8 @@ import json
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from kvadmit.pickling import by_fields
+
 METADATA_KEYS = ("name", "source", "notes", "fit")
 
 
@@ -74,6 +76,9 @@ class DecodeTable:
     context_lens: tuple[int, ...]
     ms: tuple[tuple[float, ...], ...]
 
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return by_fields(self)  # (kvadmit/pickling.py: compiled, a frozen field refuses the restore)
+
     def row_ms(self, i: int, context: float) -> float:
         row, lens = self.ms[i], self.context_lens
         if context <= lens[0]:
@@ -81,7 +86,7 @@ class DecodeTable:
         j0, j1 = _segment(lens, context)
         return _between(context, lens[j0], lens[j1], row[j0], row[j1])
 
-    def step_ms(self, batch_size: int, kv_tokens: int) -> float:
+    def step_ms(self, batch_size: float, kv_tokens: float) -> float:
         context = kv_tokens / batch_size if batch_size else 0.0
         sizes = self.batch_sizes
         b = max(batch_size, sizes[0])
@@ -130,7 +135,11 @@ class DecodeCost:
     compute_per_kv_token_ms: float = 0.0
     table: DecodeTable | None = None  # measured step times; when given, the coefficients are not used
 
-    def seconds(self, batch_size: int, kv_tokens: int) -> float:
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return by_fields(self)  # (kvadmit/pickling.py: compiled, a frozen field refuses the restore)
+
+    def seconds(self, batch_size: float, kv_tokens: float) -> float:
+        # (float: calibration reads a window's averages; the compiled core checks argument types)
         if self.table is not None:
             return self.table.step_ms(batch_size, kv_tokens) / 1000
         memory = self.base_ms + self.per_request_ms * batch_size + self.per_kv_token_ms * kv_tokens
@@ -153,6 +162,9 @@ class PrefillCost:
     per_cached_token_ms: float = 0.0
     memory_ms: float = 0.0
 
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return by_fields(self)  # (kvadmit/pickling.py: compiled, a frozen field refuses the restore)
+
     def seconds(self, requests: int, new_tokens: int, cached_tokens: int) -> float:
         fixed = self.base_ms + self.per_request_ms * requests + self.per_cached_token_ms * cached_tokens
         return fixed / 1000 + max(new_tokens / self.tokens_per_s, self.memory_ms / 1000)
@@ -164,6 +176,9 @@ class CostModel:
     prefill: PrefillCost = PrefillCost()
     # Descriptive only: what the model is and how it was made (kept when written back to a file).
     meta: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return by_fields(self)  # (kvadmit/pickling.py: compiled, a frozen field refuses the restore)
 
     @property
     def name(self) -> str:

@@ -266,7 +266,7 @@ class _Fleet:
             outcomes=outcomes,
             duration_s=duration,
             metrics=metrics,
-            retractions=sum(r.retractions.count for r in self.replicas),
+            retractions=sum(r.client.retractions for r in self.replicas),
             steps=sum(r.steps for r in self.replicas),
             scheduler=self.replicas[0].scheduler,
             finished_rids=[rid for r in self.replicas for rid in r.client.finished_rids],

@@ -21,7 +21,7 @@ from kvadmit.scheduler.events import Event
 from kvadmit.scheduler.scheduler import ScheduledBatch, Scheduler
 from kvadmit.sim.client import SimClient
 from kvadmit.sim.leap import Leaper
-from kvadmit.sim.run import SimConfig, _log_writer, _RetractionCount
+from kvadmit.sim.run import SimConfig, _log_writer
 
 
 def rank_tagged(emit: Callable[[str], None], tag: str) -> Callable[[str], None]:
@@ -54,12 +54,7 @@ class Replica:
         self.clock = VirtualClock(0.0)
         self.client = SimClient(None, self.clock, cfg.workload.vocab_size, None, 0.0)
         executor = SimulatedExecutor(cfg.cost, self.client.true_output_len)
-        self.retractions = _RetractionCount()
-        observers: list[Callable[[Event, float], None]] = [
-            self.retractions,
-            self.client.observe,
-            *watch_events,
-        ]
+        observers: list[Callable[[Event, float], None]] = [self.client.observe, *watch_events]
         if emit_log is not None:
             emit = rank_tagged(emit_log, f"DP{index}") if tagged else emit_log
             observers.append(_log_writer(cfg, self.scheduler, self.clock, emit).handle)

@@ -36,7 +36,7 @@ def replica_rows(result: FleetResult) -> list[ReplicaRow]:
                 replica=r.index,
                 requests=r.requests,
                 peak_queue=r.peak_queue,
-                retractions=r.retractions.count,
+                retractions=r.client.retractions,
                 ttft_p50_ms=float(np.median(ttft)) if ttft else 0.0,
                 ttft_p99_ms=float(np.percentile(ttft, 99)) if ttft else 0.0,
                 kv_peak=r.kv_peak,

@@ -16,7 +16,7 @@ import heapq
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol
+from typing import Protocol
 
 from kvadmit.memory.pool import TokenPool, new_slots
 
@@ -54,9 +54,12 @@ class CachedRequest(Protocol):
     last_node: RadixNode | None  # the node whose lock the request holds
 
 
-class MatchResult(NamedTuple):
-    value: array[int]  # pool slots of the matched prefix (a new array)
-    last_node: RadixNode  # deepest matched node (the root when nothing matched)
+class MatchResult:
+    """A plain class, not a NamedTuple (whose constructor is interpreted Python even when compiled)."""
+
+    def __init__(self, value: array[int], last_node: RadixNode) -> None:
+        self.value = value  # pool slots of the matched prefix (a new array)
+        self.last_node = last_node  # deepest matched node (the root when nothing matched)
 
 
 def _common_len(node_key: list[int], key: list[int], pos: int, end: int, page: int) -> int:
@@ -224,12 +227,8 @@ class RadixCache:
             matched.append(child)
             node = child
         if pos < len(key):
-            new = RadixNode(
-                key=key if owns_key and pos == 0 else key[pos:],
-                value=value[pos : len(key)],
-                parent=node,
-                children={},
-            )
+            kept = key if owns_key and pos == 0 else key[pos:]
+            new = RadixNode(key=kept, value=value[pos : len(key)], parent=node, children={})
             new.last_access = self._tick
             node.children[self._child_key(new.key)] = new
             self._evictable += len(new.key)

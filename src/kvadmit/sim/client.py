@@ -81,6 +81,7 @@ class SimClient:
         self.finished_rids: list[str] = []  # in the order requests ended (no Req kept alive)
         self.warmup_ok = 0
         self.warmup_errors: list[str] = []
+        self.retractions = 0  # the retractions the scheduler chose (not those forced on it)
         self._decode_times = np.empty(4096)  # end times of the decode steps so far (first n_decode)
         self.n_decode = 0
         self._succeeded: list[tuple[_Flight, RequestOutcome]] = []  # token times not yet filled in
@@ -158,6 +159,8 @@ class SimClient:
 
     def observe(self, event: Event, now: float) -> None:
         if isinstance(event, Retraction):
+            if not event.forced:
+                self.retractions += 1
             for rid in event.rids:
                 flight = self.flights.get(rid)
                 if flight is not None:

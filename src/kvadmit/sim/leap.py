@@ -267,7 +267,7 @@ class Leaper:
 
     def _result(self, seconds: float) -> StepResult:
         """A quiet step's result: the last one while the tokens and the time are the same (nothing
-        changes a result; building a NamedTuple is interpreted Python, even in the compiled core)."""
+        changes a result)."""
         r = self.result
         # (never a zero time: 0.0 and −0.0 are equal and print differently)
         if r is None or r.next_token_ids is not self.text or r.seconds != seconds or not seconds:

@@ -24,7 +24,7 @@ from kvadmit.observe.request_trace import simulated_line
 from kvadmit.observe.sglang_log import SGLangLogWriter
 from kvadmit.observe.startup import startup_info
 from kvadmit.observe.step_trace import step_row
-from kvadmit.scheduler.events import Event, Retraction
+from kvadmit.scheduler.events import Event
 from kvadmit.scheduler.scheduler import ScheduledBatch, Scheduler
 from kvadmit.sim.client import SimClient, run_metrics
 from kvadmit.sim.leap import Leaper
@@ -117,8 +117,7 @@ def _simulate(
     clock = VirtualClock(0.0)  # seconds since cfg.start (small numbers keep full float precision)
     client = SimClient(None, clock, cfg.workload.vocab_size, cfg.max_concurrency, cfg.request_latency_s)
     executor = SimulatedExecutor(cfg.cost, client.true_output_len)
-    retractions = _RetractionCount()
-    observers: list[Callable[[Event, float], None]] = [retractions, client.observe, *watch_events]
+    observers: list[Callable[[Event, float], None]] = [client.observe, *watch_events]
     if emit_log is not None:
         observers.append(_log_writer(cfg, scheduler, clock, emit_log).handle)
     step_observers = list(watch_steps)
@@ -137,7 +136,7 @@ def _simulate(
     if cfg.replay is not None and cfg.replay_by_step:
         outcomes = [RequestOutcome(prompt_len=s.prompt_len) for s in specs]
         steps = _run_by_step(cfg.replay, engine, client, clock, outcomes)
-        return _finish(cfg, specs, outcomes, client, 0.0, request_trace, retractions.count, steps, scheduler)
+        return _finish(cfg, specs, outcomes, client, 0.0, request_trace, client.retractions, steps, scheduler)
 
     # Warm-up: the first request's prompt, at most 32 output tokens, behind the same concurrency limit.
     if cfg.warmup_requests > 0:
@@ -163,7 +162,7 @@ def _simulate(
         if rng is not None and cfg.request_rate != float("inf"):
             arrival += float(rng.exponential(1.0 / cfg.request_rate))
     run_until_idle()
-    result = _finish(cfg, specs, outcomes, client, start, request_trace, retractions.count, steps, scheduler)
+    result = _finish(cfg, specs, outcomes, client, start, request_trace, client.retractions, steps, scheduler)
     result.leapt = leaper.total if leaper is not None else 0
     return result
 
@@ -190,17 +189,6 @@ def _run_until_idle(engine: Engine, client: SimClient, clock: VirtualClock, leap
         if client.flights:
             raise SimulationStalled(f"{len(client.flights)} requests in flight, nothing to run")
         return steps
-
-
-class _RetractionCount:
-    """The retractions the scheduler chose (not those forced on it), as an event observer."""
-
-    def __init__(self) -> None:
-        self.count = 0
-
-    def __call__(self, event: Event, now: float) -> None:
-        if isinstance(event, Retraction) and not event.forced:
-            self.count += 1
 
 
 def _log_writer(
