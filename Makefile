@@ -41,7 +41,8 @@ test-native: $(STAMP)
 	$(BIN)/pip install --quiet -e ".[fast]" -c constraints/cpu.txt
 	$(BIN)/python -m kvadmit.native_build --strict
 	$(BIN)/python -m pytest tests/test_native.py tests/test_scheduler_properties.py tests/test_scenario_errors.py \
-		tests/test_simulate.py tests/test_leaps.py tests/test_rules_detail.py tests/test_admission.py
+		tests/test_simulate.py tests/test_leaps.py tests/test_rules_detail.py tests/test_admission.py \
+		tests/test_native_inits.py tests/test_pickling.py tests/test_workload_stops.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -31,7 +31,9 @@ STAMP = BUILD_DIR / "stamp.json"
 
 # The hot path of `kvadmit simulate` (cProfile of a 10,000-request run and of a 16-replica fleet,
 # docs/sim-speed-profile.md): the scheduler, its memory, the request, the engine loop, the simulated
-# executor and client, leaps, and the fleet's driver, replicas and router. All fully annotated; the two
+# executor and client, leaps, the fleet's driver, replicas, router, policies and approximate tree, and
+# what they call per request: the cost model and the workload's requests (their frozen dataclasses pickle
+# by kvadmit/pickling.py). All fully annotated; the two
 # exception classes live in their own modules (errors.py), since a compiled class cannot derive from
 # RuntimeError.
 COMPILED: tuple[str, ...] = (
