@@ -31,7 +31,8 @@ ALLOWED: dict[str, str | None] = {
     # a fleet of simulated replicas behind a router: above the simulator and the engine, below the CLI
     "fleet": "bench config engine executor observe request scheduler sim",
     "sim": "bench config costmodel engine executor observe request scheduler",
-    "bench": "errors model pickling",  # it talks HTTP: never the server or the simulator (model: the byte tokenizer)
+    # it talks HTTP: never the server or the simulator (model: the byte tokenizer)
+    "bench": "errors model pickling",
     "capacity": "config errors memory native request scheduler",
     "engine": "executor request scheduler",
     "executor": "costmodel model request scheduler",
