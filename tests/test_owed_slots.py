@@ -195,8 +195,10 @@ def test_a_member_given_its_slots_when_it_ended_is_not_given_them_again_when_it_
     reqs = [Req(rid=r, origin_input_ids=[1, 2, 3], kv=_slots(1, 2, 3)) for r in "abc"]
     batch = RunningBatch(clip=4096, full_for_ignore_eos=False, reqs=reqs, defer_slots=True)
     assert batch.kv_tokens == 9
-    batch.give_decode_slots(_slots(0, 0, 0))
-    batch.give_decode_slots(_slots(0, 0, 0))
+    pool = TokenPool(100)
+    pool.make_anonymous()
+    batch.take_decode_slots(pool)
+    batch.take_decode_slots(pool)
     assert batch.kv_tokens == 15 and list(reqs[1].kv) == [1, 2, 3]  # owed, not written yet
     ended = reqs[1].kv
     batch.settle(reqs[1])  # b ends: the cache takes its KV and gives it a new, empty array
@@ -213,8 +215,10 @@ def test_a_member_given_its_slots_when_it_ended_is_not_given_them_again_when_it_
 def test_owed_steps_are_written_out_at_the_limit() -> None:
     reqs = [Req(rid="a", origin_input_ids=[1], kv=_slots(7))]
     batch = RunningBatch(clip=4096, full_for_ignore_eos=False, reqs=reqs, defer_slots=True)
+    pool = TokenPool(100)
+    pool.make_anonymous()
     for _ in range(1, LIMIT):
-        batch.give_decode_slots(_slots(0))
+        batch.take_decode_slots(pool)
     assert len(reqs[0].kv) == 1
-    batch.give_decode_slots(_slots(0))
+    batch.take_decode_slots(pool)
     assert list(reqs[0].kv) == [7] + [0] * LIMIT

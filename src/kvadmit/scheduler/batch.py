@@ -160,31 +160,19 @@ class RunningBatch:
             self._above = [r for r in self._above if id(r) not in gone]
 
     def take_decode_slots(self, pool: TokenPool) -> None:
-        """A decode step's slot for each member, from `pool` (page size 1): owed as a count where the pool
-        is anonymous and the batch defers its slots, else handed out and given (give_decode_slots)."""
-        if self.owed is not None and pool.anonymous:
-            pool.take_count(len(self.reqs))
-            self._owe(len(self.reqs))
-        else:
-            self.give_decode_slots(pool.alloc_decode(len(self.reqs)))
-
-    def give_decode_slots(self, slots: array[int]) -> None:
-        """A decode step's slots, one per member in batch order (page size 1): appended to each member's
-        KV array now, or kept owed (owed_slots.py) until something reads the arrays."""
-        if self.owed is None:
-            deque(map(array.append, self.kvs, slots), maxlen=0)
-            self.kv_tokens += len(slots)  # one slot each
-        else:  # (an anonymous pool's slots: only their number is kept)
-            self._owe(len(slots))
-
-    def _owe(self, n: int) -> None:
-        """A decode step gave the first n members a slot each, owed until read (all of them at LIMIT)."""
+        """A decode step's slot for each member, from `pool` (page size 1): appended to each member's KV
+        array now or, where the batch defers its slots (its pool is then anonymous: defer_decode_slots),
+        counted and owed (owed_slots.py) until something reads the arrays, all of them at LIMIT steps."""
+        n = len(self.reqs)
         owed = self.owed
-        assert owed is not None
-        owed.steps.append(n)
-        if len(owed.steps) >= LIMIT:
-            self.settle_all()
-        self.kv_tokens += n
+        if owed is None:
+            deque(map(array.append, self.kvs, pool.alloc_decode(n)), maxlen=0)
+        else:
+            pool.take_count(n)
+            owed.steps.append(n)
+            if len(owed.steps) >= LIMIT:
+                self.settle_all()
+        self.kv_tokens += n  # one slot each
 
     def settle(self, req: Req, position: int = -1) -> None:
         """Write the decode slots `req` is owed into its KV array (it ends: the cache takes the array).
